@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Installs everything hvd_train needs on a fresh Debian/Ubuntu machine, and nothing that is already there:
+#   1. system packages (Open MPI, cmake, a C++ compiler) through apt-get when root;
+#   2. a virtual environment with the pinned Python packages (requirements/STACK-{cpu,gpu}.txt);
+#   3. Horovod built from source against that environment's TensorFlow, cached as a wheel OUTSIDE the
+#      clone under a key naming Horovod, TensorFlow, Python and the enabled ops, so a second run (or a
+#      fresh clone on the same machine) installs it in seconds and a changed TensorFlow rebuilds it;
+#   4. hvd_train itself (editable) and a final `hvd-train doctor`.
+# pip's own wheel cache is deliberately not used for Horovod: it is keyed by the sdist alone and will
+# hand a wheel built against another TensorFlow to a new environment (HorovodVersionMismatchError).
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: mpi_scripts/install.sh
+Environment (defaults in brackets):
+  VENV=path          virtual environment to create or reuse [<repo>/.venv]
+  PYTHON=python3     interpreter the environment is made from [python3]
+  STACK=modern       software stack: modern (TensorFlow 2.21 + Keras 3) [modern]
+  GPU=auto|0|1       build Horovod's NCCL ops; auto = an NVIDIA GPU is present (not merely nvcc) [auto]
+  HVD_TRAIN_CACHE=d  where built Horovod wheels are kept [${XDG_CACHE_HOME:-~/.cache}/hvd_train]
+  JOBS=n             parallel compile jobs for the Horovod build [nproc]
+EOF
+}
+case "${1:-}" in -h | --help) usage; exit 0 ;; "") ;; *) usage >&2; exit 2 ;; esac
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${VENV:-$REPO/.venv}
+PYTHON=${PYTHON:-python3}
+STACK=${STACK:-modern}
+GPU=${GPU:-auto}
+HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
+JOBS=${JOBS:-$(nproc)}
+HOROVOD_VERSION=0.28.1
+# Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
+BUILD_RECIPE=r1
+
+step_no=0
+step() { step_no=$((step_no + 1)); printf '[install %d/4] %s\n' "$step_no" "$*"; }
+die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
+
+case "$STACK" in modern) ;; *) die "unknown STACK=$STACK (known: modern)" ;; esac
+case "$GPU" in
+  auto) if [ -e /dev/nvidia0 ] || nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then GPU=1; else GPU=0; fi ;;
+  0 | 1) ;;
+  *) die "GPU must be auto, 0 or 1, not '$GPU'" ;;
+esac
+VARIANT=$([ "$GPU" = 1 ] && echo gpu || echo cpu)
+
+# --- 1. system packages ------------------------------------------------------------------------
+step "system packages (Open MPI, cmake, g++)"
+missing=()
+command -v mpirun >/dev/null || missing+=(openmpi-bin)
+command -v mpicxx >/dev/null || missing+=(libopenmpi-dev)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+command -v make >/dev/null || missing+=(make)
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    die "missing system packages: ${missing[*]}; install them as root: apt-get install -y ${missing[*]}"
+  fi
+  echo "  apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "  all present"
+fi
+
+# --- 2. virtual environment and pinned packages --------------------------------------------------
+step "Python environment $VENV ($STACK, $VARIANT)"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PY=$VENV/bin/python
+REQ=$REPO/requirements/$STACK-$VARIANT.txt
+# The stamp holds the hash of the requirement files: an unchanged set skips pip entirely.
+req_hash=$(cat "$REQ" "$REPO/requirements/$STACK-common.txt" | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.hvd_train-requirements" 2>/dev/null)" != "$req_hash" ]; then
+  "$PY" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+  echo "$req_hash" >"$VENV/.hvd_train-requirements"
+else
+  echo "  requirements unchanged"
+fi
+
+# --- 3. Horovod, built against this TensorFlow and cached by key ----------------------------------
+tf_version=$("$PY" -c 'import importlib.metadata as m, sys
+for d in ("tensorflow-cpu", "tensorflow"):
+    try:
+        print(m.version(d)); sys.exit()
+    except m.PackageNotFoundError:
+        pass
+sys.exit("TensorFlow is not installed in the environment")')
+py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+ops=mpi-gloo$([ "$GPU" = 1 ] && echo -nccl || true)
+key=horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$ops-$BUILD_RECIPE
+wheel_dir=$HVD_TRAIN_CACHE/wheels/$key
+step "Horovod $HOROVOD_VERSION ($key)"
+if [ "$(cat "$VENV/.hvd_train-horovod" 2>/dev/null)" = "$key" ]; then
+  echo "  already installed"
+else
+  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    echo "  building from source (several minutes; log: $HVD_TRAIN_CACHE/build-$key.log)"
+    mkdir -p "$HVD_TRAIN_CACHE"
+    work=$(mktemp -d "$HVD_TRAIN_CACHE/build.XXXXXX")
+    trap 'rm -rf "$work"' EXIT
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir \
+      -d "$work" "horovod==$HOROVOD_VERSION"
+    tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+    src=$work/horovod-$HOROVOD_VERSION
+    # Build fix for TensorFlow >= 2.16: xla_mpi_ops.cc includes headers TensorFlow's wheel no longer
+    # ships (e.g. highwayhash/arch_specific.h), so the build fails on that one file. Its XLA ops are
+    # optional (used only with HOROVOD_ENABLE_XLA_OPS=1, which hvd_train never sets; it turns
+    # jit_compile off where Horovod's ops are traced), so the file is left out of the library.
+    cmake_tf=$src/horovod/tensorflow/CMakeLists.txt
+    grep -q 'xla_mpi_ops.cc' "$cmake_tf" || die "build fix: xla_mpi_ops.cc not found in $cmake_tf"
+    sed -i '/xla_mpi_ops\.cc/d' "$cmake_tf"
+    build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+      HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$JOBS")
+    if [ "$GPU" = 1 ]; then
+      # NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs; its library has
+      # only the versioned name, which Horovod's FindNCCL does not look for.
+      nccl=$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))') ||
+        die "GPU=1 but the nvidia-nccl wheel is not in $VENV"
+      [ -e "$nccl/lib/libnccl.so" ] || ln -s libnccl.so.2 "$nccl/lib/libnccl.so"
+      build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE="$nccl/include"
+        HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
+        HOROVOD_CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}")
+    fi
+    env "${build_env[@]}" "$PY" -m pip wheel --no-deps --no-build-isolation --no-cache-dir \
+      -w "$work/out" "$src" >"$HVD_TRAIN_CACHE/build-$key.log" 2>&1 ||
+      die "Horovod build failed; see $HVD_TRAIN_CACHE/build-$key.log"
+    # Publish atomically so that an interrupted build never leaves a half wheel under the key.
+    mkdir -p "$HVD_TRAIN_CACHE/wheels"
+    rm -rf "$wheel_dir"
+    mv "$work/out" "$work/$key"
+    mv -T "$work/$key" "$wheel_dir"
+  else
+    echo "  cached wheel $wheel_dir"
+  fi
+  "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+    "$wheel_dir"/horovod-*.whl
+  echo "$key" >"$VENV/.hvd_train-horovod"
+fi
+
+# --- 4. hvd_train itself, and a check of the whole stack -------------------------------------------
+step "hvd_train (editable) and doctor"
+"$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$REPO"
+"$VENV/bin/hvd-train" doctor
