@@ -32,7 +32,8 @@ class BroadcastInitialState(keras.callbacks.Callback):
         if inner is not None and dist.is_distributed(inner) and not dist.is_distributed(optimizer):
             raise ValueError(
                 "the model's LossScaleOptimizer wraps the distributed optimizer: create the "
-                "DistributedOptimizer after setting the mixed_float16 policy (it then wraps the loss "
+                "DistributedOptimizer after setting the mixed_float16 policy (it then wraps the "
+                "loss "
                 "scaling itself, with the allreduce outside the finite check)"
             )
         if dist.size() > 1 and not dist.is_distributed(optimizer):

@@ -31,7 +31,9 @@ def steps_per_epoch(num_samples: int, size: int, per_rank_batch_size: int) -> in
 
 def _epoch_ids(positions: tf.Tensor, num_samples: int, seed: int, epoch: tf.Tensor) -> tf.Tensor:
     seed_pair = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64)])
-    return tf.random.experimental.index_shuffle(positions, seed=seed_pair, max_index=num_samples - 1)
+    return tf.random.experimental.index_shuffle(
+        positions, seed=seed_pair, max_index=num_samples - 1
+    )
 
 
 def shard_indices(
@@ -87,7 +89,10 @@ def shard_dataset(
         tf.data.Dataset.range(initial_epoch, np.iinfo(np.int64).max)
         .flat_map(one_epoch)
         .batch(per_rank_batch_size, drop_remainder=True)
-        .map(lambda ids: tuple(tf.gather(t, ids) for t in tensors), num_parallel_calls=tf.data.AUTOTUNE)
+        .map(
+            lambda ids: tuple(tf.gather(t, ids) for t in tensors),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        )
         .prefetch(tf.data.AUTOTUNE)
     )
     return dataset, steps

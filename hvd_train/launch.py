@@ -91,9 +91,7 @@ def horovodrun_argv(
         raise ValueError(f"need np >= 1 and a command, got np={np} command={list(command)}")
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be gloo or mpi, got {controller!r}")
-    return ["horovodrun", "-np", str(np), "-H", hosts_arg(hosts, np), f"--{controller}"] + list(
-        command
-    )
+    return ["horovodrun", "-np", str(np), "-H", hosts_arg(hosts, np), f"--{controller}", *command]
 
 
 def ompi_major_version(mpirun: str = "mpirun") -> int:
@@ -126,7 +124,7 @@ def build(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hvd_train.launch --np N [--launcher L] [--hosts h:s,...] [--dry-run] -- cmd ...`"""
+    """`python -m hvd_train.launch --np N [--launcher L] [--hosts h:s,..] [--dry-run] -- cmd`"""
     parser = argparse.ArgumentParser(prog="python -m hvd_train.launch", description=__doc__)
     parser.add_argument("--np", type=int, default=2, help="number of ranks [2]")
     parser.add_argument(

@@ -1,4 +1,4 @@
-"""The learning-rate schedule of `hvd_train.schedules`, as a Keras schedule the optimizer evaluates."""
+"""The learning-rate rule of `hvd_train.schedules` as a Keras schedule the optimizer evaluates."""
 
 from __future__ import annotations
 

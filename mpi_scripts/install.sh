@@ -35,8 +35,19 @@ HOROVOD_VERSION=0.28.1
 # Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
 BUILD_RECIPE=r1
 
-step_no=0
-step() { step_no=$((step_no + 1)); printf '[install %d/4] %s\n' "$step_no" "$*"; }
+# Progress: numbered steps; with HVD_TRAIN_TIMINGS=file each step's seconds are appended to it
+# ("install/NAME SECONDS RESULT") for the stage table of tests/run.sh.
+step_no=0 step_name="" step_start=$SECONDS step_result=ok
+record() {
+  if [ -n "$step_name" ] && [ -n "${HVD_TRAIN_TIMINGS:-}" ]; then
+    echo "install/$step_name $((SECONDS - step_start)) $step_result" >>"$HVD_TRAIN_TIMINGS"
+  fi
+}
+step() {
+  record
+  step_no=$((step_no + 1)) step_name=$1 step_start=$SECONDS step_result=ok
+  printf '[install %d/4] %s\n' "$step_no" "$2"
+}
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 
 case "$STACK" in modern) ;; *) die "unknown STACK=$STACK (known: modern)" ;; esac
@@ -45,10 +56,10 @@ case "$GPU" in
   0 | 1) ;;
   *) die "GPU must be auto, 0 or 1, not '$GPU'" ;;
 esac
-VARIANT=$([ "$GPU" = 1 ] && echo gpu || echo cpu)
+VARIANT=cpu; [ "$GPU" = 1 ] && VARIANT=gpu
 
 # --- 1. system packages ------------------------------------------------------------------------
-step "system packages (Open MPI, cmake, g++)"
+step system "system packages (Open MPI, cmake, g++)"
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v mpicxx >/dev/null || missing+=(libopenmpi-dev)
@@ -68,7 +79,7 @@ else
 fi
 
 # --- 2. virtual environment and pinned packages --------------------------------------------------
-step "Python environment $VENV ($STACK, $VARIANT)"
+step python "Python environment $VENV ($STACK, $VARIANT)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PY=$VENV/bin/python
 REQ=$REPO/requirements/$STACK-$VARIANT.txt
@@ -90,14 +101,16 @@ for d in ("tensorflow-cpu", "tensorflow"):
         pass
 sys.exit("TensorFlow is not installed in the environment")')
 py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-ops=mpi-gloo$([ "$GPU" = 1 ] && echo -nccl || true)
+ops=mpi-gloo; [ "$GPU" = 1 ] && ops=$ops-nccl
 key=horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$ops-$BUILD_RECIPE
 wheel_dir=$HVD_TRAIN_CACHE/wheels/$key
-step "Horovod $HOROVOD_VERSION ($key)"
+step horovod "Horovod $HOROVOD_VERSION ($key)"
 if [ "$(cat "$VENV/.hvd_train-horovod" 2>/dev/null)" = "$key" ]; then
   echo "  already installed"
+  step_result=reused
 else
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
+    step_result=built
     echo "  building from source (several minutes; log: $HVD_TRAIN_CACHE/build-$key.log)"
     mkdir -p "$HVD_TRAIN_CACHE"
     work=$(mktemp -d "$HVD_TRAIN_CACHE/build.XXXXXX")
@@ -134,6 +147,7 @@ else
     mv "$work/out" "$work/$key"
     mv -T "$work/$key" "$wheel_dir"
   else
+    step_result=cached-wheel
     echo "  cached wheel $wheel_dir"
   fi
   "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
@@ -142,6 +156,7 @@ else
 fi
 
 # --- 4. hvd_train itself, and a check of the whole stack -------------------------------------------
-step "hvd_train (editable) and doctor"
+step hvd_train "hvd_train (editable) and doctor"
 "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e "$REPO"
 "$VENV/bin/hvd-train" doctor
+record

@@ -1,0 +1,41 @@
+# hvd_train: each target is the documentation of how to do it. Variables: NP, LAUNCHER, VENV.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+LAUNCHER ?= mpirun
+
+.PHONY: help install train test test-unit test-parallel lint format doctor
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+install: ## set up OpenMPI, the venv and Horovod (idempotent: seconds once built)
+	bash mpi_scripts/install.sh
+
+train: install ## the main job: the Keras digits example on NP workers under LAUNCHER
+	NP=$(NP) LAUNCHER=$(LAUNCHER) TIMEOUT=900 bash mpi_scripts/run.sh examples/keras_digits.py
+
+test: ## install, then every test tier, with a table of stage times at the end
+	bash tests/run.sh
+
+test-unit: ## one process, no launcher
+	$(PY) -m pytest tests/unit -q
+
+test-parallel: ## tests/parallel on NP ranks under LAUNCHER, once (no timeout: for debugging)
+	PATH=$(VENV)/bin:$$PATH $(PY) -m hvd_train.launch --np $(NP) --launcher $(LAUNCHER) -- \
+	  $(PY) -m pytest tests/parallel -q -p no:cacheprovider
+
+doctor: ## versions, the Horovod build, and what is wrong
+	$(VENV)/bin/hvd-train doctor
+
+lint: ## ruff (lint + format check) and shellcheck, as CI runs them
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq shellcheck >/dev/null; } \
+	  || { echo "lint: shellcheck missing: apt-get install shellcheck"; exit 1; }
+	shellcheck mpi_scripts/*.sh tests/run.sh .ci/run
+
+format: ## rewrite the code in the project's format
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

@@ -1,0 +1,101 @@
+"""Running real multi-process jobs from pytest: bounded in time, and leaving nothing behind.
+
+Each job runs in its own session (process group) and carries a unique tag in its environment,
+which launchers pass on to every rank. On timeout the group is killed; afterwards any process still
+carrying the tag (a rank that escaped the group, e.g. under horovodrun's own process management)
+is killed too, and its existence fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+TAG_NAME = "HVD_TRAIN_TEST_TAG"
+
+
+@dataclass
+class Job:
+    argv: list[str]
+    returncode: int
+    output: str
+    seconds: float
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.output.splitlines()[-lines:])
+
+
+def tagged_pids(tag: str) -> list[int]:
+    """PIDs of live processes whose environment holds TAG_NAME=tag."""
+    needle = f"{TAG_NAME}={tag}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return pids
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> Job:
+    """Run a job to completion or `timeout` seconds.
+
+    Raises:
+      AssertionError: the job timed out, or processes of it outlived it (both are killed first).
+    """
+    tag = uuid.uuid4().hex
+    # The environment's bin first: horovodrun and the ranks' python come from there.
+    path = f"{Path(PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    full_env = {
+        **os.environ,
+        "PATH": path,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        TAG_NAME: tag,
+        **(env or {}),
+    }
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)
+        _kill(tagged_pids(tag))
+        output, _ = proc.communicate()
+    job = Job(argv, proc.returncode, output, time.monotonic() - start)
+    # Ranks exit shortly after their launcher; anything tagged still alive after that is a leak.
+    deadline = time.monotonic() + 15
+    while (left := tagged_pids(tag)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _kill(left)
+    assert not timed_out, f"job timed out after {timeout:.0f}s: {argv}\n{job.tail()}"
+    assert not left, f"job left {len(left)} process(es) behind (killed): {argv}\n{job.tail()}"
+    return job

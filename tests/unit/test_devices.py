@@ -1,0 +1,46 @@
+"""Thread and GPU placement rules (pure functions)."""
+
+import pytest
+
+from hvd_train.dist import devices
+
+
+@pytest.mark.parametrize(
+    ("mask", "host", "local_size", "threads"),
+    [
+        (2, 2, 2, 1),  # our CI: two unbound ranks on two cores
+        (2, 2, 3, 1),  # oversubscribed: never zero
+        (16, 16, 2, 8),  # unbound ranks split the host
+        (8, 16, 2, 8),  # bound to their own socket: keep it
+        (8, 16, 4, 4),  # two ranks bound to each socket: their share only
+        (1, 16, 16, 1),  # bound to one core each
+        (64, 4, 2, 2),  # container cpuset or quota of 4 CPUs on a big host
+    ],
+)
+def test_compute_threads(mask, host, local_size, threads):
+    assert devices.compute_threads(mask, host, local_size) == threads
+
+
+def test_compute_threads_rejects_non_positive_counts():
+    with pytest.raises(ValueError, match="local_size=0"):
+        devices.compute_threads(4, 4, 0)
+
+
+@pytest.mark.parametrize(("text", "count"), [("0-3", 4), ("0-3,8,10-11\n", 7), ("5", 1)])
+def test_parse_cpu_list(text, count):
+    assert devices.parse_cpu_list(text) == count
+
+
+def test_host_cpu_count_reads_cpuset_and_quota(tmp_path):
+    (tmp_path / "cpuset.cpus.effective").write_text("0-5\n")
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert devices.host_cpu_count(tmp_path) == min(3, devices.os.cpu_count())
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert devices.host_cpu_count(tmp_path) == min(6, devices.os.cpu_count())
+
+
+def test_gpu_for_local_rank():
+    assert devices.gpu_for_local_rank(0, 0) is None
+    assert [devices.gpu_for_local_rank(r, 4) for r in range(6)] == [0, 1, 2, 3, 0, 1]
+    with pytest.raises(ValueError, match="-1"):
+        devices.gpu_for_local_rank(-1, 2)
