@@ -1,0 +1,84 @@
+"""Per-rank device placement: which GPU a rank uses and how many compute threads it runs.
+
+Pure functions (no TensorFlow, no Horovod), unit-tested anywhere; `dist.init` applies them before
+TensorFlow's runtime starts. Ranks on one host share its cores and GPUs: without a split, N TensorFlow
+processes each start one thread per core and contend, and every rank allocates all memory of GPU 0.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def affinity_cpu_count() -> int:
+    """CPUs this process may run on: its affinity mask, as set by a launcher's binding or a cpuset."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no mask
+        return os.cpu_count() or 1
+
+
+def host_cpu_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs the host gives this job: the cgroup's cpuset and CPU quota (containers), else all CPUs."""
+    cpus = os.cpu_count() or 1
+    cpuset = cgroup / "cpuset.cpus.effective"
+    if cpuset.is_file() and cpuset.read_text().strip():
+        cpus = min(cpus, parse_cpu_list(cpuset.read_text()))
+    quota = cgroup / "cpu.max"
+    if quota.is_file():
+        limit, period = (quota.read_text().split() + ["100000"])[:2]
+        if limit != "max":
+            cpus = min(cpus, max(1, math.ceil(int(limit) / int(period))))
+    return cpus
+
+
+def parse_cpu_list(text: str) -> int:
+    """Number of CPUs in a Linux CPU list such as "0-3,8,10-11" (cpuset format)."""
+    count = 0
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1
+    return count
+
+
+def compute_threads(mask_cpus: int, host_cpus: int, local_size: int) -> int:
+    """Compute threads for one rank: its share of the host's CPUs, within its own affinity mask.
+
+    Unbound ranks see the whole host in their mask and split it evenly; ranks bound to their own
+    cores (`mpirun --bind-to core|socket`, `srun --cpu-bind`) keep at most the cores of their mask,
+    and ranks bound to a shared socket still get only their share of the host.
+
+    Args:
+      mask_cpus: CPUs in this rank's affinity mask.
+      host_cpus: CPUs the host gives the job (see `host_cpu_count`).
+      local_size: ranks on this host.
+
+    Returns:
+      min(mask_cpus, host_cpus // local_size), at least 1.
+
+    Raises:
+      ValueError: a count that is not positive.
+    """
+    if min(mask_cpus, host_cpus, local_size) < 1:
+        raise ValueError(
+            f"CPU and rank counts must be positive, got mask_cpus={mask_cpus} "
+            f"host_cpus={host_cpus} local_size={local_size}"
+        )
+    return max(1, min(mask_cpus, host_cpus // local_size))
+
+
+def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
+    """Index of the GPU a rank uses (Horovod's rule: one GPU per local rank), or None without GPUs.
+
+    More local ranks than GPUs share them round-robin: legal, but each shares memory and compute.
+
+    Raises:
+      ValueError: a negative `local_rank` or `num_gpus`.
+    """
+    if local_rank < 0 or num_gpus < 0:
+        raise ValueError(f"local_rank and num_gpus must be >= 0, got {local_rank} and {num_gpus}")
+    if num_gpus == 0:
+        return None
+    return local_rank % num_gpus

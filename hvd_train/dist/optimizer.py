@@ -1,0 +1,179 @@
+"""DistributedOptimizer for Keras 3: Horovod's gradient averaging where Keras 3 actually calls it.
+
+Horovod 0.28's `horovod.tensorflow.keras.DistributedOptimizer` does not work on Keras 3: it calls
+`var.ref()`, `keras.backend.get_value` and `optimizer.variables()`, none of which exist there, and it
+allreduces in `get_gradients`/`_compute_gradients`, hooks Keras 3's `fit()` never calls, so gradients
+would silently not be averaged. Keras 3's `train_step` calls `optimizer.apply_gradients`, which calls
+`apply(grads, variables)`; this optimizer averages the raw gradients at the top of `apply`:
+
+  apply(grads) -> [accumulate locally k times] -> one grouped allreduce -> Keras's own apply
+                  (loss-scale finite check, unscaling, gradient clipping, the update)
+
+so the allreduce is outermost: before clipping (clipnorm acts on the averaged gradient, as one
+process with the global batch would) and before a LossScaleOptimizer's finite check (every rank sees
+the same averaged gradient, so all take the same skip decision; an overflow on one rank makes the
+average non-finite everywhere, and no rank skips a collective the others run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+
+_classes: dict[type, type] = {}
+
+
+class _DistributedOptimizer:
+    """Mixin placed in front of a Keras optimizer class (see `DistributedOptimizer`)."""
+
+    _hvd_distributed = True
+
+    def build(self, var_list: list[Any]) -> None:
+        super().build(var_list)
+        # Runs of the grouped allreduce, counted on the device: shows accumulation is local.
+        self._hvd_allreduce_count = self.add_variable(
+            shape=(), dtype="int64", initializer="zeros", name="hvd_allreduce_count"
+        )
+        if self._hvd_passes > 1:
+            self._hvd_pass_count = self.add_variable(
+                shape=(), dtype="int64", initializer="zeros", name="hvd_pass_count"
+            )
+            self._hvd_accumulators = [
+                self.add_variable_from_reference(v, name="hvd_accumulator") for v in var_list
+            ]
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        grads = list(grads)
+        if not self.built and trainable_variables is not None:
+            # Keras builds lazily inside its apply; our counters and accumulators are needed sooner.
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+            self.built = True
+        if self._hvd_passes == 1:
+            super().apply(self._hvd_allreduce(grads), trainable_variables)
+            return
+        for acc, grad in zip(self._hvd_accumulators, grads, strict=True):
+            if grad is not None:
+                acc.assign_add(tf.convert_to_tensor(grad))
+        passes = self._hvd_pass_count.assign_add(1)
+
+        def reduce_and_apply() -> tf.Tensor:
+            summed = [
+                None if g is None else acc.value for g, acc in zip(grads, self._hvd_accumulators)
+            ]
+            if self._hvd_average_aggregated:
+                summed = [None if g is None else g / self._hvd_passes for g in summed]
+            # Explicit super(): zero-argument super() does not work inside a nested function.
+            super(_DistributedOptimizer, self).apply(
+                self._hvd_allreduce(summed), trainable_variables
+            )
+            for acc in self._hvd_accumulators:
+                acc.assign(tf.zeros_like(acc))
+            return tf.constant(True)
+
+        # The pass counter is identical on all ranks, so all take the same branch: the allreduce
+        # inside it runs on every rank or on none.
+        tf.cond(passes % self._hvd_passes == 0, reduce_and_apply, lambda: tf.constant(False))
+
+    def _hvd_allreduce(self, grads: list[Any]) -> list[Any]:
+        if hvd.size() == 1:
+            # Nothing to average; keeps the one-worker step free of Horovod.
+            return grads
+        present = [i for i, g in enumerate(grads) if g is not None]
+        # Embedding gradients arrive as IndexedSlices; densified, they join the one fused allreduce
+        # (Horovod would otherwise allgather them, one collective each).
+        tensors = [tf.convert_to_tensor(grads[i]) for i in present]
+        reduced = hvd.grouped_allreduce(
+            tensors,
+            op=self._hvd_op,
+            compression=self._hvd_compression,
+            prescale_factor=1.0 / self._hvd_predivide,
+            # Horovod's Average divides by size after this postscale: together, a mean.
+            postscale_factor=self._hvd_predivide,
+        )
+        self._hvd_allreduce_count.assign_add(1)
+        out = list(grads)
+        for i, tensor in zip(present, reduced, strict=True):
+            out[i] = tensor
+        return out
+
+    @property
+    def allreduce_count(self) -> int:
+        """How many grouped allreduces this optimizer has run (0 before the first step)."""
+        return int(self._hvd_allreduce_count.numpy()) if self.built else 0
+
+
+def DistributedOptimizer(  # noqa: N802 -- Horovod's name, so that recipes port unchanged
+    optimizer: keras.optimizers.Optimizer,
+    op: Any = hvd.Average,
+    compression: Any = hvd.Compression.none,
+    gradient_predivide_factor: float = 1.0,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = True,
+) -> keras.optimizers.Optimizer:
+    """Make a Keras 3 optimizer average its gradients over all ranks before each update.
+
+    The optimizer is changed in place (its class gains the distributed `apply`) and returned; it
+    keeps its name, config and serialised form, so a saved model loads as the plain optimizer.
+    Under the "mixed_float16" policy it is first wrapped in a LossScaleOptimizer, so that the
+    allreduce sits outside the loss-scale finite check (Keras's compile would otherwise wrap it the
+    other way round and let one rank's overflow skip the collective).
+
+    Args:
+      optimizer: a Keras 3 optimizer, or a LossScaleOptimizer.
+      op: `Average` (default) or `Sum`.
+      compression: `Compression.none` or `Compression.fp16` (halves the bytes sent).
+      gradient_predivide_factor: with Average, divide by this before the sum and by size/this after
+        (guards fp16 sums against overflow); 1.0 = plain average.
+      backward_passes_per_step: k >= 1: gradients of k consecutive batches are summed locally and
+        allreduced once; the update happens every k-th batch.
+      average_aggregated_gradients: divide the k-batch sum by k (default), so that k passes of batch
+        b update like one pass of batch k*b. Horovod's Keras default is the sum (False).
+
+    Returns:
+      The same optimizer object, now distributed.
+
+    Raises:
+      ValueError: an unsupported op, a non-positive factor or pass count, or an optimizer that is
+        already distributed.
+    """
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op must be hvd_train.dist.Average or Sum, got {op!r}")
+    if gradient_predivide_factor <= 0 or (gradient_predivide_factor != 1.0 and op != hvd.Average):
+        raise ValueError(
+            "gradient_predivide_factor must be positive, and other than 1.0 only with op=Average; "
+            f"got {gradient_predivide_factor} with op={op}"
+        )
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+    if is_distributed(optimizer):
+        raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
+    if optimizer.built:
+        raise ValueError(f"optimizer {optimizer.name!r} is already built: distribute it before use")
+    if (
+        keras.mixed_precision.global_policy().name == "mixed_float16"
+        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    ):
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    base = type(optimizer)
+    if base not in _classes:
+        _classes[base] = type(
+            base.__name__,
+            (_DistributedOptimizer, base),
+            {"__module__": base.__module__, "__qualname__": base.__qualname__},
+        )
+    object.__setattr__(optimizer, "__class__", _classes[base])
+    optimizer._hvd_op = op
+    optimizer._hvd_compression = compression
+    optimizer._hvd_predivide = float(gradient_predivide_factor)
+    optimizer._hvd_passes = backward_passes_per_step
+    optimizer._hvd_average_aggregated = average_aggregated_gradients
+    return optimizer
+
+
+def is_distributed(optimizer: Any) -> bool:
+    """True if the optimizer averages gradients over ranks (made by `DistributedOptimizer`)."""
+    return getattr(type(optimizer), "_hvd_distributed", False)
