@@ -1,0 +1,559 @@
+"""Typed experiment configuration for `hvd-train train --config X.yaml [--set key=value ...]`.
+
+Precedence: dataclass defaults < the YAML file < `--set dotted.key=value` overrides. An unknown key,
+a wrong type or an out-of-range value is a `ConfigError` whose one-line message names the dotted
+key and the offending value.
+
+The two batch sizes are alternatives: the YAML file, or the overrides taken together, may give one
+of `train.per_rank_batch_size` and `train.global_batch_size` without mentioning the other, and the
+other is then null (so `--set train.global_batch_size=256` replaces a file's per-rank batch).
+Giving both non-null in one place, or neither anywhere, is an error.
+
+This module imports only the standard library, PyYAML and `hvd_train.schedules`: a config is
+loaded and checked before anything pays for importing TensorFlow or Horovod.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import os
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from hvd_train import schedules
+from hvd_train.errors import UserError
+
+SOURCES = ("digits", "synthetic", "npz")
+OPTIMIZERS = ("sgd", "adam")
+COMPRESSIONS = ("none", "fp16")
+MODES = ("max", "min")
+
+# Worker count set by each launcher in every rank's environment, in the order they are trusted.
+SIZE_VARIABLES = (
+    "HOROVOD_SIZE",  # horovodrun --gloo
+    "OMPI_COMM_WORLD_SIZE",  # Open MPI's mpirun (4 and 5), and horovodrun over MPI
+    "PMI_SIZE",  # MPICH and Intel MPI (Hydra)
+)
+
+
+class ConfigError(UserError):
+    """A configuration problem; the message is one line naming the key and the offending value."""
+
+
+@dataclass
+class DataConfig:
+    """What to train on.
+
+    Attributes:
+      source: "digits" (scikit-learn's 8x8 digits), "synthetic" (random images) or "npz".
+      path: the npz file, with arrays x_train, y_train and optionally x_val, y_val.
+      validation_fraction: held out for validation when the source has no validation split.
+      shape: synthetic input shape, (height, width, channels).
+      num_classes: synthetic number of classes.
+      num_samples: synthetic number of training samples.
+      seed: data-order seed; the same on every rank, so shards are disjoint.
+    """
+
+    source: str = "digits"
+    path: str | None = None
+    validation_fraction: float = 0.2
+    shape: list[int] = field(default_factory=lambda: [8, 8, 1])
+    num_classes: int = 10
+    num_samples: int = 2048
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """Which model to build.
+
+    Attributes:
+      name: a name registered in `models/` (checked when the model is built: listing needs Keras).
+      params: keyword arguments for the model builder.
+    """
+
+    name: str = "cnn"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimizerConfig:
+    """The optimizer, its learning-rate schedule and Horovod's gradient options.
+
+    Attributes:
+      name: "sgd" or "adam".
+      base_lr: learning rate tuned for `base_batch_size`; scaled to the global batch by `lr_rule`.
+      base_batch_size: the batch size `base_lr` was tuned for.
+      lr_rule: how the rate scales with the global batch (`hvd_train.schedules.LR_RULES`).
+      momentum: SGD momentum (sgd only).
+      warmup_epochs: epochs of linear warmup from base_lr to the scaled rate.
+      decay: after warmup (`hvd_train.schedules.DECAYS`).
+      decay_rate: factor applied at each boundary of "step" decay.
+      decay_epochs: the boundaries of "step" decay, in epochs.
+      compression: allreduce compression, "none" or "fp16".
+      backward_passes_per_step: local gradient accumulation: batches per allreduce and update.
+      gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
+    """
+
+    name: str = "sgd"
+    base_lr: float = 0.05
+    base_batch_size: int = 32
+    lr_rule: str = "linear"
+    momentum: float = 0.9
+    warmup_epochs: float = 2.0
+    decay: str = "cosine"
+    decay_rate: float = 0.1
+    decay_epochs: list[float] = field(default_factory=list)
+    compression: str = "none"
+    backward_passes_per_step: int = 1
+    gradient_predivide_factor: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    """The outer loop.
+
+    Attributes:
+      epochs: number of epochs.
+      per_rank_batch_size: batch per worker; the global batch is this times the worker count.
+      global_batch_size: batch over all workers; must divide by the worker count. Exactly one of
+        the two batch sizes is set, the other is null.
+      seed: weight-initialization seed.
+      deterministic: enable TensorFlow's op determinism, for bit-exact resume.
+      steps_per_epoch: optional cap on the updates per epoch.
+    """
+
+    epochs: int = 12
+    per_rank_batch_size: int | None = 32
+    global_batch_size: int | None = None
+    seed: int = 0
+    deterministic: bool = False
+    steps_per_epoch: int | None = None
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints, written by rank 0.
+
+    Attributes:
+      keep_last: how many of the latest checkpoints to keep.
+      monitor: the metric the "best" copy follows.
+      mode: "max" or "min": whether a larger or a smaller `monitor` is better.
+    """
+
+    keep_last: int = 3
+    monitor: str = "val_accuracy"
+    mode: str = "max"
+
+
+@dataclass
+class LoggingConfig:
+    """Logs, written by rank 0.
+
+    Attributes:
+      tensorboard: write TensorBoard event files.
+      csv: write a CSV file of per-epoch metrics.
+    """
+
+    tensorboard: bool = True
+    csv: bool = True
+
+
+@dataclass
+class Config:
+    """One experiment.
+
+    Attributes:
+      run_dir: where rank 0 writes checkpoints, logs and the resolved config.
+      data, model, optimizer, train, checkpoint, logging: the sections.
+    """
+
+    run_dir: str = "runs/digits"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def load(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> Config:
+    """Read a config: defaults, then the YAML file, then the overrides; then validate it.
+
+    Args:
+      path: a YAML file of sections (`train: {epochs: 3}`); None for the defaults alone. An empty
+        file, or an empty section, leaves the defaults.
+      overrides: "dotted.key=value" strings, applied in order; the value is parsed as YAML
+        (`3`, `0.1`, `true`, `null`, `[1, 2]`, `{a: 1}`; anything else stays a string).
+
+    Returns:
+      The validated Config.
+
+    Raises:
+      ConfigError: an unreadable file, invalid YAML, an unknown key, a wrong type or an invalid
+        value.
+    """
+    raw = _read_yaml(path) if path is not None else {}
+    _clear_other_batch_size(raw, raw.get("train"))
+    given: dict[str, Any] = {}
+    for text in overrides:
+        keys, value = _parse_override(text)
+        _set_path(raw, keys, value)
+        if keys == ["train"] and isinstance(value, dict):
+            given.update(value)
+        elif len(keys) == 2 and keys[0] == "train":
+            given[keys[1]] = value
+    _clear_other_batch_size(raw, given)
+    config = _build(Config, raw, "")
+    validate(config)
+    return config
+
+
+def validate(config: Config, size: int | None = None) -> None:
+    """Check types, ranges and consistency.
+
+    Args:
+      config: the configuration.
+      size: the worker count, when known; then the global batch must divide by it.
+
+    Raises:
+      ConfigError: the first problem found, naming its key and value.
+      ValueError: `size` < 1.
+    """
+    _build(Config, to_dict(config), "")  # types, for a Config built in Python
+    _check(bool(config.run_dir), "run_dir", "must be a non-empty path", config.run_dir)
+
+    data = config.data
+    _check_choice("data.source", data.source, SOURCES)
+    if data.source == "npz":
+        _check(bool(data.path), "data.path", "is required when data.source is 'npz'", data.path)
+    fraction = data.validation_fraction
+    _check(0 < fraction < 1, "data.validation_fraction", "must be in (0, 1)", fraction)
+    _check(
+        bool(data.shape) and all(n > 0 for n in data.shape),
+        "data.shape",
+        "must be a non-empty list of positive sizes",
+        data.shape,
+    )
+    _check_min("data.num_classes", data.num_classes, 2)
+    _check_min("data.num_samples", data.num_samples, 1)
+    _check_min("data.seed", data.seed, 0)
+
+    _check(bool(config.model.name), "model.name", "must be a non-empty string", config.model.name)
+
+    train = config.train
+    _check_min("train.epochs", train.epochs, 1)
+    _check_batch_sizes(train, size)
+    _check_min("train.seed", train.seed, 0)
+    if train.steps_per_epoch is not None:
+        _check_min("train.steps_per_epoch", train.steps_per_epoch, 1)
+
+    opt = config.optimizer
+    _check_choice("optimizer.name", opt.name, OPTIMIZERS)
+    _check(opt.base_lr > 0, "optimizer.base_lr", "must be > 0", opt.base_lr)
+    _check_min("optimizer.base_batch_size", opt.base_batch_size, 1)
+    _check_choice("optimizer.lr_rule", opt.lr_rule, schedules.LR_RULES)
+    _check(0 <= opt.momentum < 1, "optimizer.momentum", "must be in [0, 1)", opt.momentum)
+    _check_min("optimizer.warmup_epochs", opt.warmup_epochs, 0)
+    _check_choice("optimizer.decay", opt.decay, schedules.DECAYS)
+    boundaries = opt.decay_epochs
+    _check(
+        all(b > 0 for b in boundaries) and all(a < b for a, b in itertools.pairwise(boundaries)),
+        "optimizer.decay_epochs",
+        "must be increasing epochs > 0",
+        boundaries,
+    )
+    if opt.decay == "step":
+        rule = "must list at least one epoch for decay 'step'"
+        _check(bool(boundaries), "optimizer.decay_epochs", rule, boundaries)
+        _check(0 < opt.decay_rate < 1, "optimizer.decay_rate", "must be in (0, 1)", opt.decay_rate)
+    if opt.decay == "cosine":
+        # The cosine runs over the epochs after warmup (schedules.validate_schedule, in updates).
+        rule = f"must be < train.epochs ({config.train.epochs}) for decay 'cosine'"
+        _check(
+            opt.warmup_epochs < config.train.epochs,
+            "optimizer.warmup_epochs",
+            rule,
+            opt.warmup_epochs,
+        )
+    _check_choice("optimizer.compression", opt.compression, COMPRESSIONS)
+    _check_min("optimizer.backward_passes_per_step", opt.backward_passes_per_step, 1)
+    factor = opt.gradient_predivide_factor
+    _check(factor > 0, "optimizer.gradient_predivide_factor", "must be > 0", factor)
+
+    ckpt = config.checkpoint
+    _check_min("checkpoint.keep_last", ckpt.keep_last, 1)
+    _check(
+        bool(ckpt.monitor), "checkpoint.monitor", "must be a non-empty metric name", ckpt.monitor
+    )
+    _check_choice("checkpoint.mode", ckpt.mode, MODES)
+
+
+def resolved_batch_sizes(config: Config, size: int) -> tuple[int, int]:
+    """Both batch sizes for `size` workers, by `hvd_train.schedules.resolve_batch_sizes`.
+
+    Returns:
+      (per_rank_batch_size, global_batch_size).
+
+    Raises:
+      ConfigError: not exactly one batch size set, one < 1, or a global batch not divisible by
+        `size`.
+      ValueError: `size` < 1.
+    """
+    _check_batch_sizes(config.train, size)
+    return schedules.resolve_batch_sizes(
+        size, config.train.per_rank_batch_size, config.train.global_batch_size
+    )
+
+
+def launcher_size(environ: Mapping[str, str]) -> int | None:
+    """The worker count a launcher gave this process, read before Horovod is imported.
+
+    Reads `SIZE_VARIABLES` in order, then SLURM_NTASKS inside a job step (SLURM_STEP_ID set:
+    srun's tasks; the batch script itself is not a worker).
+
+    Returns:
+      The worker count, or None when not started by a known launcher.
+
+    Raises:
+      ConfigError: the variable's value is not a positive integer.
+    """
+    for name in SIZE_VARIABLES:
+        if name in environ:
+            return _positive_int_variable(name, environ[name])
+    if "SLURM_STEP_ID" in environ and "SLURM_NTASKS" in environ:
+        return _positive_int_variable("SLURM_NTASKS", environ["SLURM_NTASKS"])
+    return None
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """The config as plain nested dicts and lists (a deep copy)."""
+    return dataclasses.asdict(config)
+
+
+def dump(config: Config) -> str:
+    """The config as YAML text, sections in declaration order; `load` reads it back equal."""
+    return yaml.dump(to_dict(config), Dumper=_Dumper, sort_keys=False)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except lists of scalars on one line (`shape: [8, 8, 1]`)."""
+
+    def represent_list(self, data: list[Any]) -> yaml.Node:
+        flow = all(not isinstance(item, (list, dict)) for item in data)
+        return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_Dumper.add_representer(list, _Dumper.represent_list)
+
+
+def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        raise ConfigError(f"{name}: cannot read the config file ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{name}: not UTF-8 text ({err.reason} at byte {err.start})") from err
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"{name}{_yaml_location(err)}: invalid YAML: {_yaml_problem(err)}"
+        ) from err
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: the top level must be a mapping of sections, got {_show(raw)}")
+    return raw
+
+
+def _yaml_location(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    problem = getattr(err, "problem", None) or str(err)
+    return " ".join(problem.split())
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    key, sep, value_text = text.partition("=")
+    key = key.strip()
+    if not sep:
+        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
+    if not key:
+        raise ConfigError(f"--set {text!r}: empty key")
+    keys = key.split(".")
+    if not all(keys):
+        raise ConfigError(f"--set {text!r}: empty part in the key {key!r}")
+    try:
+        value = yaml.safe_load(value_text)
+    except yaml.YAMLError as err:
+        raise ConfigError(
+            f"{key}: invalid YAML value {value_text!r} in --set: {_yaml_problem(err)}"
+        ) from err
+    return keys, value
+
+
+def _set_path(raw: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = raw
+    for depth, key in enumerate(keys[:-1], start=1):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(
+                f"{'.'.join(keys)}: cannot set a key inside {'.'.join(keys[:depth])}, which is "
+                f"{_show(child)}, not a mapping"
+            )
+        node = child
+    node[keys[-1]] = value
+
+
+def _clear_other_batch_size(raw: dict[str, Any], given: Any) -> None:
+    """One place (the file, or the overrides) gave one batch size alone: the other is null."""
+    train = raw.get("train")
+    if not isinstance(given, dict) or not isinstance(train, dict):
+        return
+    for key, other in (
+        ("per_rank_batch_size", "global_batch_size"),
+        ("global_batch_size", "per_rank_batch_size"),
+    ):
+        if given.get(key) is not None and other not in given:
+            train[other] = None
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    """An instance of the dataclass `cls` from a mapping, with types checked and converted."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix}: expected a mapping, got {_show(raw)}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in known:
+            raise ConfigError(f"{dotted}: unknown key (known: {', '.join(sorted(known))})")
+        values[key] = _convert(value, hints[key], dotted)
+    return cls(**values)
+
+
+def _convert(value: Any, hint: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, key)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = (a for a in args if a is not type(None))
+        if not _is_scalar(value, inner):
+            raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
+        return _convert(value, inner, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
+        return [_convert(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
+        return value
+    if not _is_scalar(value, hint):
+        raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
+    if hint is float:
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {_show(value)}")
+        return float(value)
+    return value
+
+
+def _is_scalar(value: Any, hint: Any) -> bool:
+    """Whether `value` fits the scalar type `hint`: a bool is not an int, an int is a float."""
+    if hint is bool or hint is str:
+        return isinstance(value, hint)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    raise TypeError(f"unsupported config type {hint!r}")
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        (inner,) = (a for a in args if a is not type(None))
+        return f"{_describe(inner)} or null"
+    if origin is list:
+        return f"a list of {_SCALAR_NAMES[args[0]][1]}"
+    if origin is dict:
+        return "a mapping with string keys"
+    return _SCALAR_NAMES[hint][0]
+
+
+_SCALAR_NAMES = {
+    bool: ("a boolean", "booleans"),
+    int: ("an integer", "integers"),
+    float: ("a number", "numbers"),
+    str: ("a string", "strings"),
+}
+
+
+def _check(ok: bool, key: str, rule: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {rule}, got {_show(value)}")
+
+
+def _check_min(key: str, value: float, low: int) -> None:
+    _check(value >= low, key, f"must be >= {low}", value)
+
+
+def _check_choice(key: str, value: str, options: Sequence[str]) -> None:
+    _check(value in options, key, f"must be one of ({', '.join(options)})", value)
+
+
+def _check_batch_sizes(train: TrainConfig, size: int | None) -> None:
+    per_rank, global_ = train.per_rank_batch_size, train.global_batch_size
+    if (per_rank is None) == (global_ is None):
+        raise ConfigError(
+            "train: set exactly one of per_rank_batch_size and global_batch_size (the other "
+            f"null), got per_rank_batch_size={_show(per_rank)}, global_batch_size={_show(global_)}"
+        )
+    if per_rank is not None:
+        _check(per_rank >= 1, "train.per_rank_batch_size", "must be >= 1", per_rank)
+        return
+    _check(global_ >= 1, "train.global_batch_size", "must be >= 1", global_)
+    if size is None:
+        return
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    if global_ % size:
+        raise ConfigError(
+            f"train.global_batch_size: {global_} is not divisible by the {size} workers"
+        )
+
+
+def _positive_int_variable(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}: expected a positive worker count, got {text!r}")
+    return value
+
+
+def _show(value: Any) -> str:
+    """The value as one short line: YAML's null for None, else repr, cut at 80 characters."""
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,8 @@
+"""The toolkit's error for bad user input: the CLI shows its message as one line and exits 2.
+
+Anything else that escapes is a bug and keeps its traceback.
+"""
+
+
+class UserError(ValueError):
+    """A problem with the user's input (config, data, paths, checkpoints), named in one line."""
