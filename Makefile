@@ -29,12 +29,13 @@ test-parallel: ## tests/parallel on NP ranks under LAUNCHER, once (no timeout: f
 doctor: ## versions, the Horovod build, and what is wrong
 	$(VENV)/bin/hvd-train doctor
 
-lint: ## ruff (lint + format check) and shellcheck, as CI runs them
+lint: ## ruff (lint + format check), shellcheck and hadolint, as CI runs them
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq shellcheck >/dev/null; } \
 	  || { echo "lint: shellcheck missing: apt-get install shellcheck"; exit 1; }
-	shellcheck mpi_scripts/*.sh tests/run.sh .ci/run
+	shellcheck mpi_scripts/*.sh mpi_scripts/slurm.sbatch tests/run.sh .ci/run
+	$(VENV)/bin/hadolint Dockerfile
 
 format: ## rewrite the code in the project's format
 	$(VENV)/bin/ruff check --fix .

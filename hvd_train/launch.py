@@ -1,4 +1,4 @@
-"""Launch commands as data: argv lists for mpirun and horovodrun, built by pure functions.
+"""Launch commands as data: argv lists for mpirun, horovodrun and srun, built by pure functions.
 
 Nothing here runs a process except `main`; the builders are unit-tested to the exact list and shown
 to the user with `shlex.join` before they run (without a shell).
@@ -94,6 +94,68 @@ def horovodrun_argv(
     return ["horovodrun", "-np", str(np), "-H", hosts_arg(hosts, np), f"--{controller}", *command]
 
 
+SRUN_MPI_TYPES = ("pmix", "pmi2")
+
+
+def srun_argv(
+    np: int,
+    command: Sequence[str],
+    *,
+    nodes: int | None = None,
+    cpus_per_task: int | None = None,
+    gpus_per_task: int | None = None,
+    mpi: str = "pmix",
+) -> list[str]:
+    """SLURM's srun command for `np` ranks of `command`, inside an allocation (sbatch or salloc).
+
+    srun starts every rank itself and Open MPI initialises through SLURM's PMI server, so Horovod
+    runs with its MPI controller and no mpirun (Open MPI and SLURM must share a PMIx, or use PMI-2).
+
+    Args:
+      np: number of ranks (srun --ntasks).
+      command: the program and its arguments, run by every rank.
+      nodes: spread the ranks over this many nodes; None lets srun use the allocation's.
+      cpus_per_task: CPUs per rank. Since SLURM 22.05 srun no longer inherits sbatch's value,
+        so a job script passes it again.
+      gpus_per_task: GPUs per rank (one per rank is Horovod's layout); None asks for none.
+      mpi: SLURM's MPI plugin, "pmix" or "pmi2".
+
+    Raises:
+      ValueError: np < 1, an empty command, nodes outside 1..np, a count < 1, an unknown plugin.
+    """
+    if np < 1 or not command:
+        raise ValueError(f"need np >= 1 and a command, got np={np} command={list(command)}")
+    if nodes is not None and not 1 <= nodes <= np:
+        raise ValueError(f"nodes must be between 1 and np={np}, got {nodes}")
+    for name, count in (("cpus_per_task", cpus_per_task), ("gpus_per_task", gpus_per_task)):
+        if count is not None and count < 1:
+            raise ValueError(f"{name} must be >= 1 or None, got {count}")
+    if mpi not in SRUN_MPI_TYPES:
+        raise ValueError(f"mpi must be one of {', '.join(SRUN_MPI_TYPES)}, got {mpi!r}")
+    argv = ["srun", f"--ntasks={np}"]
+    if nodes is not None:
+        argv.append(f"--nodes={nodes}")
+    if cpus_per_task is not None:
+        argv.append(f"--cpus-per-task={cpus_per_task}")
+    if gpus_per_task is not None:
+        argv.append(f"--gpus-per-task={gpus_per_task}")
+    return [
+        *argv,
+        f"--mpi={mpi}",
+        # One dead rank would leave the others blocked in their next allreduce until the time
+        # limit; this ends the whole step instead.
+        "--kill-on-bad-exit=1",
+        # As mpirun's --bind-to none: hvd_train.init() gives each rank its share of the CPUs the
+        # job may use; a site's default binding (one core per task without --cpus-per-task)
+        # would starve multi-threaded TensorFlow ranks.
+        "--cpu-bind=none",
+        # srun's default, made explicit: ranks get the batch script's whole environment (venv
+        # PATH, HOROVOD_*, TF_*), so, unlike mpirun, no variable is named.
+        "--export=ALL",
+        *command,
+    ]
+
+
 def ompi_major_version(mpirun: str = "mpirun") -> int:
     """Major version of the installed Open MPI (from `mpirun --version`)."""
     out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
@@ -104,9 +166,35 @@ def ompi_major_version(mpirun: str = "mpirun") -> int:
 
 
 def build(
-    launcher: str, np: int, command: Sequence[str], hosts: Sequence[str] | None = None
+    launcher: str,
+    np: int,
+    command: Sequence[str],
+    hosts: Sequence[str] | None = None,
+    *,
+    nodes: int | None = None,
+    cpus_per_task: int | None = None,
+    gpus_per_task: int | None = None,
+    mpi: str | None = None,
 ) -> list[str]:
-    """The argv for `launcher` on this machine (version, user and core count read here)."""
+    """The argv for `launcher` on this machine (version, user and core count read here).
+
+    `nodes`, `cpus_per_task`, `gpus_per_task` and `mpi` are srun's (see `srun_argv`); srun reads
+    nothing from this machine, so its command can be printed where SLURM is not installed.
+
+    Raises:
+      ValueError: an unknown launcher, hosts given to srun, srun's options given to another
+        launcher, or a bad argument of the launcher's builder.
+    """
+    srun_options = {"nodes": nodes, "cpus_per_task": cpus_per_task, "gpus_per_task": gpus_per_task}
+    if launcher == "srun":
+        if hosts:
+            raise ValueError("srun places ranks on the SLURM allocation; hosts are not used")
+        return srun_argv(np, command, **srun_options, mpi=mpi or "pmix")
+    given = [name for name, value in srun_options.items() if value is not None]
+    if mpi is not None:
+        given.append("mpi")
+    if given:
+        raise ValueError(f"srun's options ({', '.join(given)}) do not apply to {launcher}")
     if launcher == "mpirun":
         return mpirun_argv(
             np,
@@ -119,29 +207,58 @@ def build(
         )
     controller = {"horovodrun": "gloo", "horovodrun-gloo": "gloo", "horovodrun-mpi": "mpi"}
     if launcher not in controller:
-        raise ValueError(f"unknown launcher {launcher!r}; known: mpirun, {', '.join(controller)}")
+        known = ", ".join(["mpirun", *controller, "srun"])
+        raise ValueError(f"unknown launcher {launcher!r}; known: {known}")
     return horovodrun_argv(np, command, controller=controller[launcher], hosts=hosts)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m hvd_train.launch --np N [--launcher L] [--hosts h:s,..] [--dry-run] -- cmd`"""
-    parser = argparse.ArgumentParser(prog="python -m hvd_train.launch", description=__doc__)
+LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
+
+
+def make_parser(prog: str) -> argparse.ArgumentParser:
+    """The launch options shared by `python -m hvd_train.launch` and `hvd-train launch`."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.add_argument("--np", type=int, default=2, help="number of ranks [2]")
-    parser.add_argument(
-        "--launcher",
-        default="mpirun",
-        choices=["mpirun", "horovodrun", "horovodrun-gloo", "horovodrun-mpi"],
-    )
+    parser.add_argument("--launcher", default="mpirun", choices=LAUNCHERS)
     parser.add_argument("--hosts", help="comma-separated host:slots; default: localhost")
+    srun = parser.add_argument_group("srun only (inside a SLURM allocation)")
+    srun.add_argument("--nodes", type=int, help="nodes to spread the ranks over [allocation's]")
+    srun.add_argument("--cpus-per-task", type=int, help="CPUs per rank [none asked]")
+    srun.add_argument("--gpus-per-task", type=int, help="GPUs per rank [none asked]")
+    srun.add_argument("--mpi", choices=SRUN_MPI_TYPES, help="SLURM's MPI plugin [pmix]")
     parser.add_argument("--dry-run", action="store_true", help="print the command only")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- program args ...")
+    return parser
+
+
+def parse(
+    parser: argparse.ArgumentParser, argv: Sequence[str]
+) -> tuple[argparse.Namespace, list[str]]:
+    """Parse launch options; returns them and the command after `--` (errors via parser.error)."""
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given after --")
     if args.np < 1:
         parser.error(f"--np must be >= 1, got {args.np}")
-    full = build(args.launcher, args.np, command, args.hosts.split(",") if args.hosts else None)
+    return args, command
+
+
+def execute(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
+    """Build the launch command, print it, and (unless --dry-run) replace this process with it."""
+    try:
+        full = build(
+            args.launcher,
+            args.np,
+            command,
+            args.hosts.split(",") if args.hosts else None,
+            nodes=args.nodes,
+            cpus_per_task=args.cpus_per_task,
+            gpus_per_task=args.gpus_per_task,
+            mpi=args.mpi,
+        )
+    except ValueError as err:
+        parser.error(str(err))
     print(shlex.join(full), flush=True)
     if args.dry_run:
         return 0
@@ -149,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"launch: {full[0]} not found on PATH", file=sys.stderr)
         return 2
     os.execvp(full[0], full)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hvd_train.launch --np N [--launcher L] [--hosts h:s,..] [--dry-run] -- cmd`"""
+    parser = make_parser("python -m hvd_train.launch")
+    args, command = parse(parser, sys.argv[1:] if argv is None else argv)
+    return execute(parser, args, command)
 
 
 if __name__ == "__main__":

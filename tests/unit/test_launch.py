@@ -58,6 +58,39 @@ def test_horovodrun_argv():
     assert launch.horovodrun_argv(2, CMD, controller="mpi", hosts=["n1:1", "n2:1"])[5] == "--mpi"
 
 
+SRUN_TAIL = ["--kill-on-bad-exit=1", "--cpu-bind=none", "--export=ALL", *CMD]
+
+
+def test_srun_argv_defaults():
+    assert launch.srun_argv(4, CMD) == ["srun", "--ntasks=4", "--mpi=pmix", *SRUN_TAIL]
+
+
+def test_srun_argv_nodes_cpus_gpus():
+    argv = launch.srun_argv(8, CMD, nodes=2, cpus_per_task=6, gpus_per_task=1)
+    assert argv == [
+        "srun",
+        "--ntasks=8",
+        "--nodes=2",
+        "--cpus-per-task=6",
+        "--gpus-per-task=1",
+        "--mpi=pmix",
+        *SRUN_TAIL,
+    ]
+
+
+def test_srun_argv_pmi2_cpus_only():
+    argv = launch.srun_argv(1, CMD, cpus_per_task=2, mpi="pmi2")
+    assert argv == ["srun", "--ntasks=1", "--cpus-per-task=2", "--mpi=pmi2", *SRUN_TAIL]
+
+
+def test_build_srun_reads_nothing_from_the_machine(monkeypatch):
+    monkeypatch.setattr(launch, "ompi_major_version", lambda: pytest.fail("probed Open MPI"))
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "1")
+    assert launch.build("srun", 4, CMD, nodes=2, mpi="pmi2") == launch.srun_argv(
+        4, CMD, nodes=2, mpi="pmi2"
+    )
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -66,6 +99,15 @@ def test_horovodrun_argv():
         (lambda: launch.mpirun_argv(2, CMD, ompi_major=3), "4 or 5, got 3"),
         (lambda: launch.horovodrun_argv(2, CMD, controller="nccl"), "gloo or mpi, got 'nccl'"),
         (lambda: launch.build("slurm", 2, CMD), "unknown launcher 'slurm'"),
+        (lambda: launch.srun_argv(0, CMD), "np >= 1 and a command, got np=0"),
+        (lambda: launch.srun_argv(2, []), "a command"),
+        (lambda: launch.srun_argv(2, CMD, nodes=3), "between 1 and np=2, got 3"),
+        (lambda: launch.srun_argv(2, CMD, nodes=0), "between 1 and np=2, got 0"),
+        (lambda: launch.srun_argv(2, CMD, cpus_per_task=0), "cpus_per_task must be >= 1.*got 0"),
+        (lambda: launch.srun_argv(2, CMD, gpus_per_task=-1), "gpus_per_task must be >= 1.*got -1"),
+        (lambda: launch.srun_argv(2, CMD, mpi="openmpi"), "pmix, pmi2, got 'openmpi'"),
+        (lambda: launch.build("srun", 2, CMD, hosts=["a:2"]), "hosts are not used"),
+        (lambda: launch.build("horovodrun", 2, CMD, nodes=2), r"\(nodes\) do not apply to horov"),
     ],
 )
 def test_bad_launch_arguments(call, message):
@@ -97,3 +139,19 @@ def test_dry_run_prints_the_command(capsys):
     assert capsys.readouterr().out.strip() == (
         "horovodrun -np 2 -H localhost:2 --gloo python train.py --epochs 2"
     )
+
+
+def test_dry_run_srun_without_slurm(capsys):
+    argv = ["--launcher", "srun", "--np", "4", "--gpus-per-task", "1", "--dry-run", "--", *CMD]
+    assert launch.main(argv) == 0
+    assert capsys.readouterr().out.strip() == (
+        "srun --ntasks=4 --gpus-per-task=1 --mpi=pmix --kill-on-bad-exit=1 --cpu-bind=none"
+        " --export=ALL python train.py --epochs 2"
+    )
+
+
+def test_srun_option_with_another_launcher_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--launcher", "horovodrun", "--mpi", "pmi2", "--dry-run", "--", *CMD])
+    assert exit_info.value.code == 2
+    assert "srun's options (mpi) do not apply to horovodrun" in capsys.readouterr().err
