@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import time
+from pathlib import Path
 from typing import Any
 
 import keras
 
-from hvd_train import dist
+from hvd_train import checkpoint, dist
+
+log = logging.getLogger("hvd_train")
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
@@ -47,3 +53,114 @@ class BroadcastInitialState(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         dist.broadcast_model_state(self.model, self.root_rank)
+
+
+class AverageMetrics(keras.callbacks.Callback):
+    """Report metrics over all ranks, exactly: states (sums, counts) are summed, then the results
+    computed (`dist.reduce_metrics_over_ranks`). Installed before fit reports anything, so the
+    progress bar's epoch line, History, CSV, TensorBoard, EarlyStopping and checkpoint monitors all
+    see the global values, whatever their place in the callback list."""
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        dist.reduce_metrics_over_ranks(model)
+
+
+class AverageNonTrainable(keras.callbacks.Callback):
+    """Average BatchNorm moving statistics (all float non-trainable variables) over ranks before
+    each validation and at each epoch end, so evaluation and checkpoints see one model. Place it
+    before any callback that saves the model."""
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        dist.average_non_trainable(self.model)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        dist.average_non_trainable(self.model)
+
+
+def distributed_callbacks(root_rank: int = 0) -> list[keras.callbacks.Callback]:
+    """The callbacks every distributed fit() needs, in order; pass them on every rank."""
+    return [BroadcastInitialState(root_rank), AverageMetrics(), AverageNonTrainable()]
+
+
+class CheckpointWriter(keras.callbacks.Callback):
+    """Rank 0's per-epoch checkpoint (`hvd_train.checkpoint`): all model and optimizer variables,
+    the epoch, the optimizer step and the epoch's global metrics; keeps the newest `keep_last` and a
+    copy of the best by `monitor`. Add it on rank 0 only, after `AverageNonTrainable`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        keep_last: int,
+        monitor: str,
+        mode: str,
+        meta: dict[str, Any],
+        best: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.monitor = monitor
+        self.mode = mode
+        self.meta = meta
+        self.best = best
+        self._warned = False
+
+    def _improves(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value > self.best["value"] if self.mode == "max" else value < self.best["value"]
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = {k: float(v) for k, v in (logs or {}).items()}
+        value = logs.get(self.monitor)
+        improves = value is not None and self._improves(value)
+        if improves:
+            self.best = {"epoch": epoch, "value": value, "monitor": self.monitor}
+        optimizer = self.model.optimizer
+        path = checkpoint.write(
+            self.directory,
+            epoch,
+            [v.numpy() for v in self.model.variables],
+            [v.numpy() for v in optimizer.variables],
+            {
+                **self.meta,
+                "step": int(optimizer.iterations.numpy()),
+                "metrics": logs,
+                "best": self.best,
+                "model_variables": [[v.path, list(v.shape)] for v in self.model.variables],
+            },
+        )
+        if improves:
+            checkpoint.copy_as_best(self.directory, path)
+        elif value is None and not self._warned:
+            self._warned = True
+            log.warning(
+                "checkpoint monitor %r is not among the metrics %s", self.monitor, sorted(logs)
+            )
+        checkpoint.prune(self.directory, self.keep_last)
+
+
+class JsonMetrics(keras.callbacks.Callback):
+    """Rank 0's metrics.json: one record per epoch (global metrics, learning rate, seconds),
+    rewritten atomically each epoch and continued on resume."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.records: list[dict[str, float]] = []
+        if self.path.is_file():
+            self.records = json.loads(self.path.read_text())
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._start = time.monotonic()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        record = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        record["learning_rate"] = float(self.model.optimizer.learning_rate)
+        record["seconds"] = round(time.monotonic() - self._start, 3)
+        self.records = [r for r in self.records if r["epoch"] < epoch + 1] + [record]
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.records, indent=1))
+        tmp.replace(self.path)

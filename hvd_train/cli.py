@@ -1,24 +1,155 @@
-"""The `hvd-train` command line: parses, then calls one library function per subcommand."""
+"""The `hvd-train` command line: parses, checks, then calls one library function per subcommand.
+
+Every check that needs no TensorFlow (the config, the worker count, the model name, the run
+directory) runs before TensorFlow is imported and, under `hvd-train launch`, before any worker
+starts. A bad input ends with one line `hvd-train: error: ...` and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from collections.abc import Sequence
 
-from hvd_train import doctor
+from hvd_train import config as config_lib
+from hvd_train import doctor, launch, rundir
+from hvd_train.errors import UserError
+
+EXIT_USAGE = 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hvd-train", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
-        "doctor", help="versions of the stack, what Horovod was built with, and what is wrong"
+class UsageError(Exception):
+    """A bad input found by the CLI itself (the message is the whole error line)."""
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hvd-train train", add_help=True)
+    parser.add_argument("--config", help="YAML experiment file (defaults apply without one)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.epochs=3 (after the YAML file)",
     )
-    args = parser.parse_args(argv)
-    if args.command == "doctor":
-        return doctor.run(sys.stdout)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    parser.add_argument("--resume", action="store_true", help="continue the run in run_dir")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing hvd_train run in run_dir"
+    )
+    parser.add_argument(
+        "--stop-after-epochs",
+        type=int,
+        metavar="N",
+        help="train at most N epochs in this launch, checkpoint, exit (resume later)",
+    )
+    return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, like every other bad input
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    parser.__class__ = _Parser
+    return parser.parse_args(argv)
+
+
+def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace, object]:
+    """Parse and check a `train` command line for `size` workers, without TensorFlow.
+
+    Raises:
+      UsageError, config_lib.ConfigError: the one line to show.
+    """
+    args = _parse(_train_parser(), argv)
+    if args.stop_after_epochs is not None and args.stop_after_epochs < 1:
+        raise UsageError(f"--stop-after-epochs must be >= 1, got {args.stop_after_epochs}")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    config = config_lib.load(args.config, args.set)
+    config_lib.validate(config, size)
+    import models
+
+    if config.model.name not in models.names():
+        raise config_lib.ConfigError(
+            f"model.name: unknown model {config.model.name!r} (known: {', '.join(models.names())})"
+        )
+    return args, config
+
+
+def cmd_train(argv: Sequence[str]) -> int:
+    size = config_lib.launcher_size(os.environ) or 1
+    args, config = check_train_args(argv, size)
+    if rundir.launcher_rank(os.environ) == 0:  # only rank 0 writes, so only rank 0 checks
+        rundir.prepare(config.run_dir, args.resume, args.overwrite)
+    from pathlib import Path
+
+    from hvd_train import train
+
+    result = train.train_and_evaluate(
+        config,
+        Path(config.run_dir),
+        resume=args.resume,
+        stop_after_epochs=args.stop_after_epochs,
+        argv=["hvd-train", "train", *argv],
+    )
+    from hvd_train import dist
+
+    if dist.is_chief():
+        summary = {
+            "run_dir": str(config.run_dir),
+            "workers": dist.size(),
+            "epochs_done": result.epochs_done,
+            "final": result.final,
+            "best": result.best,
+            "seconds": round(result.seconds, 1),
+        }
+        print("result " + json.dumps(summary), flush=True)
+    return 0
+
+
+def cmd_launch(argv: Sequence[str]) -> int:
+    parser = launch.make_parser("hvd-train launch")
+    parser.__class__ = _Parser
+    args, command = launch.parse(parser, argv)
+    if command[:1] != ["train"]:
+        raise UsageError("hvd-train launch: the job after -- must be: train [train options]")
+    check_train_args(command[1:], args.np)  # fail here, before any worker starts
+    return launch.execute(parser, args, [sys.executable, "-m", "hvd_train.cli", *command])
+
+
+def cmd_models(argv: Sequence[str]) -> int:
+    _parse(argparse.ArgumentParser(prog="hvd-train models"), argv)
+    import models
+
+    for name in models.names():
+        print(name)
+    return 0
+
+
+COMMANDS = {
+    "train": (cmd_train, "train a config on this job's workers (run it under a launcher)"),
+    "launch": (cmd_launch, "start N workers of a train command under mpirun/horovodrun/srun"),
+    "doctor": (lambda argv: doctor.run(sys.stdout), "versions, the Horovod build, what is wrong"),
+    "models": (cmd_models, "list the registered models"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: hvd-train {" + ",".join(COMMANDS) + "} ...\n")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<8} {text}")
+        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else EXIT_USAGE
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: quiet C++ logs
+    try:
+        return COMMANDS[argv[0]][0](argv[1:])
+    except (UsageError, UserError) as err:
+        print(f"hvd-train: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

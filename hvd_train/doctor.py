@@ -11,7 +11,8 @@ from typing import TextIO
 REINSTALL = "run mpi_scripts/install.sh (it rebuilds Horovod against the installed TensorFlow)"
 
 
-def _version(dist_names: tuple[str, ...]) -> str | None:
+def package_version(*dist_names: str) -> str | None:
+    """Installed version of the first of these distributions that is installed, or None."""
     for name in dist_names:
         try:
             return importlib.metadata.version(name)
@@ -31,13 +32,13 @@ def _mpi_version() -> str | None:
 def run(out: TextIO) -> int:
     """Print the report; returns 0 when nothing is wrong, 1 otherwise."""
     problems: list[str] = []
-    tf_version = _version(("tensorflow-cpu", "tensorflow"))
-    keras_version = _version(("keras",))
+    tf_version = package_version("tensorflow-cpu", "tensorflow")
+    keras_version = package_version("keras")
     rows = [
         ("python", platform.python_version()),
         ("tensorflow", tf_version or "missing"),
         ("keras", keras_version or "missing"),
-        ("horovod", _version(("horovod",)) or "missing"),
+        ("horovod", package_version("horovod") or "missing"),
         ("mpi", _mpi_version() or "missing"),
     ]
     if tf_version is None or keras_version is None:

@@ -1,12 +1,17 @@
-"""Small models for the embedded data set (digits, 8x8x1) and for exact-equivalence tests."""
+"""Small models for the embedded data set (digits, 8x8x1) and for exact-equivalence tests.
+
+Keras is imported inside the builders, so listing and checking model names needs no TensorFlow.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import keras
+from typing import TYPE_CHECKING
 
 from models import register
+
+if TYPE_CHECKING:
+    import keras
 
 
 @register("mlp")
@@ -18,6 +23,8 @@ def build_mlp(
 ) -> keras.Model:
     """Multi-layer perceptron returning logits; no BatchNorm or dropout, so a step is a pure
     function of the weights and the batch (what the equivalence tests need)."""
+    import keras
+
     inputs = keras.Input(input_shape)
     x = keras.layers.Flatten()(inputs)
     for i, width in enumerate(hidden):
@@ -35,6 +42,8 @@ def build_cnn(
     dropout: float = 0.25,
 ) -> keras.Model:
     """LeNet-style CNN: 3x3 conv blocks, the first followed by max-pooling, then a dense layer."""
+    import keras
+
     inputs = keras.Input(input_shape)
     x = inputs
     for i, width in enumerate(filters):

@@ -67,6 +67,10 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+# Horovod and mpi4py compile against Python's headers (slim and CUDA base images may lack them).
+"$PYTHON" -c 'import os, sys, sysconfig
+sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  missing+=(python3-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     die "missing system packages: ${missing[*]}; install them as root: apt-get install -y ${missing[*]}"

@@ -29,6 +29,7 @@ from hvd_train.dist.core import (
     size,
 )
 from hvd_train.dist.optimizer import DistributedOptimizer, is_distributed
+from hvd_train.dist.state import average_non_trainable, reduce_metrics_over_ranks
 
 __all__ = [
     "Average",
@@ -39,6 +40,7 @@ __all__ = [
     "allgather_object",
     "allreduce",
     "allreduce_mean",
+    "average_non_trainable",
     "barrier",
     "broadcast",
     "broadcast_model_state",
@@ -54,5 +56,6 @@ __all__ = [
     "local_rank",
     "local_size",
     "rank",
+    "reduce_metrics_over_ranks",
     "size",
 ]

@@ -1,0 +1,304 @@
+"""`train_and_evaluate(config, run_dir)`: the whole distributed job behind `hvd-train train`.
+
+What to train (config, data, model) is decided by the caller; this module runs the outer loop:
+placement, data shards, the distributed optimizer and its learning-rate rule, resume, Keras fit()
+with the distributed callbacks, and rank 0's files. Every rank runs every line here; the lines that
+touch files are gated by `dist.is_chief()`, never the collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hvd_train import checkpoint as ckpt
+from hvd_train import config as config_lib
+from hvd_train import dist
+
+log = logging.getLogger("hvd_train")
+
+# Exit code when a launch stops early on purpose (--stop-after-epochs) with a checkpoint to resume.
+EXIT_STOPPED = 0
+
+
+@dataclass
+class Result:
+    """What a finished (or stopped) run reports."""
+
+    epochs_done: int
+    history: list[dict[str, float]]
+    final: dict[str, float]
+    best: dict[str, Any] | None
+    seconds: float
+
+
+def configure_logging(rank: int) -> None:
+    """Log lines carry their rank, so interleaved output of many ranks stays readable."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
+    """What is saved with every launch: config, command, versions, Horovod settings, revision."""
+    import keras
+    import tensorflow as tf
+
+    from hvd_train import doctor
+
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": argv,
+        "size": size,
+        "controller": dist.controller(),
+        "versions": {
+            "python": platform.python_version(),
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "horovod": doctor.package_version("horovod"),
+            "hvd_train": doctor.package_version("hvd_train"),
+        },
+        "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        "git_revision": _git_revision(),
+        "config": config_lib.to_dict(config),
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _make_optimizer(opt_cfg: Any, schedule: Any) -> Any:
+    import keras
+
+    if opt_cfg.name == "sgd":
+        return keras.optimizers.SGD(schedule, momentum=opt_cfg.momentum)
+    return keras.optimizers.Adam(schedule)
+
+
+def _restore(model: Any, checkpoint: Any) -> None:
+    """Put a checkpoint's values into the model and its (built) optimizer (rank 0)."""
+    targets = list(model.variables) + list(model.optimizer.variables)
+    values = checkpoint.model + checkpoint.optimizer
+    if len(checkpoint.model) != len(model.variables) or len(values) != len(targets):
+        raise ckpt.CheckpointError(
+            f"checkpoint {checkpoint.path} holds {len(checkpoint.model)} model and "
+            f"{len(checkpoint.optimizer)} optimizer variables; this model has "
+            f"{len(model.variables)} and {len(model.optimizer.variables)}"
+        )
+    for var, value in zip(targets, values, strict=True):
+        if tuple(var.shape) != value.shape:
+            raise ckpt.CheckpointError(
+                f"checkpoint {checkpoint.path}: variable {var.path} has shape {value.shape} there, "
+                f"{tuple(var.shape)} in this model"
+            )
+    for var, value in zip(targets, values, strict=True):
+        var.assign(value)
+
+
+def train_and_evaluate(
+    config: Any,
+    run_dir: Path,
+    *,
+    resume: bool = False,
+    stop_after_epochs: int | None = None,
+    argv: list[str] | None = None,
+) -> Result:
+    """Train `config` on all ranks of this job; rank 0 writes checkpoints and metrics to run_dir.
+
+    Args:
+      config: a validated `hvd_train.config.Config`.
+      run_dir: prepared by `hvd_train.rundir.prepare` on rank 0 (others never write there).
+      resume: continue from the newest valid checkpoint in run_dir (rank 0 reads it, then
+        broadcasts: other ranks need no access to the files).
+      stop_after_epochs: train at most this many epochs in this launch (the schedule still spans
+        config.train.epochs), checkpoint, and return; resume later.
+      argv: the command line, saved with the run.
+
+    Returns:
+      The run's history and final (global) metrics.
+
+    Raises:
+      UserError: a model, data or checkpoint problem (one line; the same on every rank).
+    """
+    started = time.monotonic()
+    dist.init()
+    rank, size, chief = dist.rank(), dist.size(), dist.is_chief()
+    configure_logging(rank)
+
+    import keras
+    import tensorflow as tf
+
+    import models
+    from hvd_train import data
+    from hvd_train.callbacks import CheckpointWriter, JsonMetrics, distributed_callbacks
+    from hvd_train.lr_schedule import scaled_warmup_schedule
+
+    train_cfg, opt_cfg = config.train, config.optimizer
+    keras.utils.set_random_seed(train_cfg.seed)
+    if train_cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    per_rank_batch, global_batch = config_lib.resolved_batch_sizes(config, size)
+
+    # --- resume: rank 0 picks the checkpoint; its epoch travels to all ranks -----------------
+    checkpoint_dir = run_dir / "checkpoints"
+    restored, meta = None, None
+    if resume and chief:
+        restored, problems = ckpt.newest_valid(checkpoint_dir)
+        for problem in problems:
+            # Set aside, not deleted: its epoch is trained again and checkpointed anew.
+            log.warning("%s; set aside as %s", problem, ckpt.set_aside(problem.path).name)
+        meta = restored.meta if restored else None
+    meta = dist.broadcast_object(meta, name="hvd_train.resume_meta")
+    initial_epoch = meta["epoch"] + 1 if meta else 0
+    if resume and chief and meta:
+        log.info("resuming after epoch %d from %s", initial_epoch, restored.path)
+    elif resume and chief:
+        log.info("no checkpoint in %s: starting at epoch 1", checkpoint_dir)
+
+    # --- data: each rank its shard, equal steps ----------------------------------------------
+    arrays = data.load_arrays(config.data)
+    train_ds, steps = data.shard_dataset(
+        (arrays.x_train, arrays.y_train),
+        per_rank_batch,
+        rank,
+        size,
+        seed=config.data.seed,
+        initial_epoch=initial_epoch,
+    )
+    if train_cfg.steps_per_epoch:
+        steps = min(steps, train_cfg.steps_per_epoch)
+    val_ds = data.validation_shard((arrays.x_val, arrays.y_val), per_rank_batch, rank, size)
+
+    # --- model and the distributed optimizer -------------------------------------------------
+    try:
+        model = models.build(
+            config.model.name, arrays.input_shape, arrays.num_classes, **config.model.params
+        )
+    except TypeError as err:  # an unknown or misspelled builder argument
+        raise config_lib.ConfigError(f"model.params: {err}") from None
+    passes = opt_cfg.backward_passes_per_step
+    schedule = scaled_warmup_schedule(
+        base_lr=opt_cfg.base_lr,
+        base_batch_size=opt_cfg.base_batch_size,
+        # One update sees `passes` batches on every rank.
+        global_batch_size=global_batch * passes,
+        updates_per_epoch=steps / passes,
+        warmup_epochs=opt_cfg.warmup_epochs,
+        epochs=train_cfg.epochs,
+        rule=opt_cfg.lr_rule,
+        decay=opt_cfg.decay,
+        decay_rate=opt_cfg.decay_rate,
+        decay_epochs=opt_cfg.decay_epochs,
+    )
+    optimizer = dist.DistributedOptimizer(
+        _make_optimizer(opt_cfg, schedule),
+        compression=getattr(dist.Compression, opt_cfg.compression),
+        gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
+        backward_passes_per_step=passes,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    optimizer.build(model.trainable_variables)
+    error = None
+    if restored is not None:
+        try:
+            _restore(model, restored)
+        except ckpt.CheckpointError as err:
+            error = str(err)
+    # Every rank must learn of rank 0's failure, or they would wait for it in a collective.
+    error = dist.broadcast_object(error, name="hvd_train.restore_error")
+    if error:
+        raise ckpt.CheckpointError(error)
+
+    # --- callbacks: collectives on every rank first, then rank 0's writers --------------------
+    callbacks = distributed_callbacks()
+    if chief:
+        if not (run_dir / "run.json").exists():
+            record = run_record(config, argv or [], size)
+            _atomic_write(run_dir / "run.json", json.dumps(record, indent=1))
+        with (run_dir / "launches.jsonl").open("a") as f:
+            launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv or []}
+            f.write(json.dumps({**launch, "size": size, "initial_epoch": initial_epoch}) + "\n")
+        (run_dir / "config.yaml").write_text(config_lib.dump(config))
+        callbacks.append(
+            CheckpointWriter(
+                checkpoint_dir,
+                keep_last=config.checkpoint.keep_last,
+                monitor=config.checkpoint.monitor,
+                mode=config.checkpoint.mode,
+                meta={
+                    "config": config_lib.to_dict(config),
+                    "size": size,
+                    "data_seed": config.data.seed,
+                    "steps_per_epoch": steps,
+                },
+                best=(meta or {}).get("best"),
+            )
+        )
+        callbacks.append(JsonMetrics(run_dir / "metrics.json"))
+        if config.logging.csv:
+            callbacks.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
+        if config.logging.tensorboard:
+            callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+
+    last_epoch = train_cfg.epochs
+    if stop_after_epochs is not None:
+        last_epoch = min(last_epoch, initial_epoch + stop_after_epochs)
+    history: dict[str, list[float]] = {}
+    if initial_epoch < last_epoch:
+        fit = model.fit(
+            train_ds,
+            initial_epoch=initial_epoch,
+            epochs=last_epoch,
+            steps_per_epoch=steps,
+            validation_data=val_ds,
+            callbacks=callbacks,
+            # The progress bar on rank 0 only; its epoch line shows the global metrics.
+            verbose=1 if chief else 0,
+            shuffle=False,  # the sharded dataset reshuffles itself every epoch
+        )
+        history = fit.history
+    else:
+        log.info("nothing to train: the run already finished %d epochs", train_cfg.epochs)
+    final = model.evaluate(val_ds, return_dict=True, verbose=0)
+    epochs_logged = [
+        dict(zip(history, values, strict=True)) for values in zip(*history.values(), strict=True)
+    ]
+    best = next((cb.best for cb in callbacks if isinstance(cb, CheckpointWriter)), None)
+    return Result(
+        epochs_done=last_epoch if initial_epoch < last_epoch else train_cfg.epochs,
+        history=epochs_logged,
+        final={k: float(v) for k, v in final.items()},
+        best=best,
+        seconds=time.monotonic() - started,
+    )
