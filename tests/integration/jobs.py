@@ -55,7 +55,9 @@ def _kill(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> Job:
+def run(
+    argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO
+) -> Job:
     """Run a job to completion or `timeout` seconds.
 
     Raises:
@@ -74,7 +76,7 @@ def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> J
     start = time.monotonic()
     proc = subprocess.Popen(
         argv,
-        cwd=REPO,
+        cwd=cwd,
         env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
