@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 LAUNCHER ?= mpirun
 
-.PHONY: help install train test test-unit test-parallel lint format doctor
+.PHONY: help install train example test test-unit test-parallel lint format doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -13,7 +13,13 @@ help: ## list the targets
 install: ## set up OpenMPI, the venv and Horovod (idempotent: seconds once built)
 	bash mpi_scripts/install.sh
 
-train: install ## the main job: the Keras digits example on NP workers under LAUNCHER
+RUN_DIR ?= runs/digits
+
+train: install ## the main job: configs/digits.yaml on NP workers under LAUNCHER, into RUN_DIR
+	PATH=$(VENV)/bin:$$PATH timeout 900 $(VENV)/bin/hvd-train launch --np $(NP) \
+	  --launcher $(LAUNCHER) -- train --config configs/digits.yaml --set run_dir=$(RUN_DIR) --overwrite
+
+example: install ## the API example: a plain Keras script distributed in a few lines
 	NP=$(NP) LAUNCHER=$(LAUNCHER) TIMEOUT=900 bash mpi_scripts/run.sh examples/keras_digits.py
 
 test: ## install, then every test tier, with a table of stage times at the end

@@ -288,6 +288,10 @@ def train_and_evaluate(
             shuffle=False,  # the sharded dataset reshuffles itself every epoch
         )
         history = fit.history
+        if chief:
+            from hvd_train import plots
+
+            plots.training_curves(run_dir / "metrics.json", run_dir / "metrics.png")
     else:
         log.info("nothing to train: the run already finished %d epochs", train_cfg.epochs)
     final = model.evaluate(val_ds, return_dict=True, verbose=0)

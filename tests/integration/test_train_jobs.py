@@ -54,6 +54,7 @@ def test_default_job_reaches_097_on_two_workers(tmp_path):
     assert set(record["versions"]) >= {"tensorflow", "keras", "horovod", "python"}
     assert (run_dir / "metrics.csv").read_text().count("\n") == 13
     assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (run_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(
         f"default job: val_accuracy {result['final']['accuracy']:.4f}, {seconds:.1f}s of training"
     )
