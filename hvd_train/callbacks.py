@@ -22,12 +22,14 @@ class BroadcastInitialState(keras.callbacks.Callback):
     the job). Before the train function is built it turns XLA off (Horovod's ops have no XLA kernels
     in this build, and Keras turns jit_compile on by itself when a GPU is visible) and rejects a
     LossScaleOptimizer wrapped around the distributed optimizer, where one rank's overflow would
-    skip the allreduce the others run. At train begin it broadcasts the state.
+    skip the allreduce the others run. At train begin it broadcasts the state, and gives
+    jit_compile back, so that evaluation and prediction (no collectives) still use XLA.
     """
 
     def __init__(self, root_rank: int = 0) -> None:
         super().__init__()
         self.root_rank = root_rank
+        self._jit_for_evaluation = False
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
@@ -47,12 +49,16 @@ class BroadcastInitialState(keras.callbacks.Callback):
                 f"optimizer {optimizer.name!r} is not distributed: wrap it with "
                 "hvd_train.DistributedOptimizer, or gradients are never averaged over ranks"
             )
-        if dist.is_distributed(optimizer) and model.jit_compile:
+        # One worker: the optimizer adds no Horovod op, and XLA may compile the whole step.
+        if dist.is_distributed(optimizer) and dist.size() > 1 and model.jit_compile:
+            self._jit_for_evaluation = True
             model.jit_compile = False
-            model.train_function = None  # built with XLA by an earlier fit(): rebuild without
+            model.train_function = None  # may have been built with XLA: rebuild without
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         dist.broadcast_model_state(self.model, self.root_rank)
+        if self._jit_for_evaluation:  # the train function exists by now, built without XLA
+            self.model.jit_compile = True
 
 
 class AverageMetrics(keras.callbacks.Callback):

@@ -28,6 +28,7 @@ from hvd_train.dist.core import (
     rank,
     size,
 )
+from hvd_train.dist.layers import SyncBatchNormalization, convert_sync_batchnorm
 from hvd_train.dist.optimizer import DistributedOptimizer, is_distributed
 from hvd_train.dist.state import average_non_trainable, reduce_metrics_over_ranks
 
@@ -36,6 +37,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "Sum",
+    "SyncBatchNormalization",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -49,6 +51,7 @@ __all__ = [
     "build_info",
     "compute_threads",
     "controller",
+    "convert_sync_batchnorm",
     "grouped_allreduce",
     "init",
     "is_chief",

@@ -1,0 +1,146 @@
+"""Equivalence beyond the plain MLP: synchronised BatchNorm, mixed precision, sparse gradients."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from test_equivalence import PER_RANK, STEPS, rank_blocks
+from util import DIGITS_X, DIGITS_Y, LOSS, max_abs_diff, mlp, rank_seed, spread_over_ranks, weights
+
+import hvd_train
+from hvd_train import dist
+
+
+def fit(model, optimizer, x, y, batch, steps, distributed):
+    model.compile(optimizer=optimizer, loss=LOSS)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+    callbacks = hvd_train.distributed_callbacks()[:1] if distributed else []
+    model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0, shuffle=False)
+    return model
+
+
+def global_ids():
+    return np.arange(STEPS * dist.size() * PER_RANK)
+
+
+def bn_mlp(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((64,))
+    x = keras.layers.Dense(32)(inputs)
+    x = keras.layers.BatchNormalization(momentum=0.5)(x)
+    x = keras.layers.Activation("tanh")(x)
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+def test_sync_batchnorm_trains_like_one_process_with_the_global_batch():
+    ids, n = rank_blocks(STEPS), dist.size()
+    initial = bn_mlp(0).get_weights()
+    sync = dist.convert_sync_batchnorm(bn_mlp(rank_seed()))
+    sync.set_weights(initial)
+    sync = fit(
+        sync,
+        hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.5)),
+        DIGITS_X[ids],
+        DIGITS_Y[ids],
+        PER_RANK,
+        STEPS,
+        True,
+    )
+    plain = bn_mlp(0)
+    plain = fit(
+        plain,
+        hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.5)),
+        DIGITS_X[ids],
+        DIGITS_Y[ids],
+        PER_RANK,
+        STEPS,
+        True,
+    )
+    ref_ids = global_ids()
+    reference = fit(
+        bn_mlp(0),
+        keras.optimizers.SGD(0.5),
+        DIGITS_X[ref_ids],
+        DIGITS_Y[ref_ids],
+        n * PER_RANK,
+        STEPS,
+        False,
+    )
+    got, expected = weights(sync), weights(reference)  # includes the moving statistics
+    spread = spread_over_ranks(got)
+
+    assert any(type(layer).__name__ == "SyncBatchNormalization" for layer in sync.layers)
+    assert spread == 0.0
+    assert max_abs_diff(got, expected) < 1e-5
+    if n > 1:  # per-rank BatchNorm normalises by each slice's moments: visibly different
+        assert max_abs_diff(weights(plain), expected) > 1e-3
+
+
+@pytest.mark.parametrize(("policy", "tolerance"), [("mixed_float16", 2e-3)])
+def test_mixed_precision_trains_like_one_process_with_the_global_batch(policy, tolerance):
+    ids, n = rank_blocks(STEPS), dist.size()
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = fit(
+            mlp(rank_seed()),
+            hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.5)),
+            DIGITS_X[ids],
+            DIGITS_Y[ids],
+            PER_RANK,
+            STEPS,
+            True,
+        )
+        ref_ids = global_ids()
+        reference = fit(
+            mlp(0),
+            keras.optimizers.SGD(0.5),
+            DIGITS_X[ref_ids],
+            DIGITS_Y[ref_ids],
+            n * PER_RANK,
+            STEPS,
+            False,
+        )
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    got, expected = weights(model), weights(reference)
+    spread = spread_over_ranks(got)
+
+    assert spread == 0.0
+    # float16 activations and gradients keep ~3 significant digits; the weights stay float32.
+    assert max_abs_diff(got, expected) < tolerance
+    assert max_abs_diff(got, weights(mlp(0))) > 10 * tolerance  # and they did move
+
+
+def embedding_model(seed):
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6,), dtype="int32")
+    x = keras.layers.Embedding(40, 8)(inputs)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+
+
+def test_sparse_embedding_gradients_are_averaged():
+    n = dist.size()
+    tokens = (DIGITS_X[:, :6] * 16).astype("int32") + DIGITS_Y[:, None]  # ids in [0, 26)
+    ids = rank_blocks(STEPS)
+    model = fit(
+        embedding_model(rank_seed()),
+        hvd_train.DistributedOptimizer(keras.optimizers.SGD(1.0)),
+        tokens[ids],
+        DIGITS_Y[ids],
+        PER_RANK,
+        STEPS,
+        True,
+    )
+    ref_ids = global_ids()
+    reference = fit(
+        embedding_model(0),
+        keras.optimizers.SGD(1.0),
+        tokens[ref_ids],
+        DIGITS_Y[ref_ids],
+        n * PER_RANK,
+        STEPS,
+        False,
+    )
+    assert max_abs_diff(weights(model), weights(reference)) < 1e-6
+    assert max_abs_diff(weights(reference), weights(embedding_model(0))) > 1e-2
