@@ -21,8 +21,10 @@ def build_mlp(
     hidden: Sequence[int] = (64, 32),
     activation: str = "tanh",
 ) -> keras.Model:
-    """Multi-layer perceptron returning logits; no BatchNorm or dropout, so a step is a pure
-    function of the weights and the batch (what the equivalence tests need)."""
+    """Multi-layer perceptron returning logits, without BatchNorm or dropout.
+
+    A step is then a pure function of the weights and the batch: what the equivalence tests need.
+    """
     import keras
 
     inputs = keras.Input(input_shape)
