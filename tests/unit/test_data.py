@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from hvd_train import data
+from hvd_train.config import DataConfig
 
 
 @pytest.mark.parametrize(("num_samples", "size"), [(100, 1), (100, 3), (1797, 4), (10, 10)])
@@ -48,3 +50,85 @@ def test_too_little_data_and_mismatched_arrays_are_errors():
         data.shard_dataset((np.zeros(10), np.zeros(9)), 2, 0, 1)
     with pytest.raises(ValueError, match=r"rank 3 is outside 0\.\.2"):
         data.shard_indices(10, 3, 3, 0)
+
+
+def images(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 8, 8, 3), dtype=np.float32), np.arange(n, dtype=np.int32)
+
+
+def test_augmentation_keeps_shape_and_moves_pixels_per_seed():
+    x, _ = images()
+    seed = data.augment_seed(3, rank=0, epoch=1, step=2)
+    a = data.augment_images(tf.constant(x), seed).numpy()
+    assert a.shape == x.shape and a.dtype == np.float32
+    assert np.array_equal(a, data.augment_images(tf.constant(x), seed).numpy())  # reproducible
+    assert not np.array_equal(a, x)
+    other_rank = data.augment_images(tf.constant(x), data.augment_seed(3, 1, 1, 2)).numpy()
+    other_epoch = data.augment_images(tf.constant(x), data.augment_seed(3, 0, 2, 2)).numpy()
+    assert not np.array_equal(a, other_rank) and not np.array_equal(a, other_epoch)
+    # Each output is a shifted (by at most 4 pixels, zeros filled in), maybe mirrored, input.
+    for out, src in zip(a, x, strict=True):
+        padded = np.pad(src, ((4, 4), (4, 4), (0, 0)))
+        crops = [
+            img[dy : dy + 8, dx : dx + 8]
+            for img in (padded, padded[:, ::-1])
+            for dy in range(9)
+            for dx in range(9)
+        ]
+        assert any(np.array_equal(out, c) for c in crops)
+
+
+def test_augmented_batches_keep_labels_differ_by_rank_and_repeat_by_seed():
+    x, y = images(24)
+    arrays = data.Arrays(x, y, x[:4], y[:4], num_classes=24)
+
+    def first_epoch(rank, augment, seed=7):
+        dataset, steps = data.train_dataset(arrays, 4, rank, 2, seed=seed, augment=augment)
+        return list(dataset.take(steps).as_numpy_iterator())
+
+    plain, augmented = first_epoch(0, False), first_epoch(0, True)
+    for (xp, yp), (xa, ya) in zip(plain, augmented, strict=True):
+        assert np.array_equal(yp, ya) and xa.shape == xp.shape and not np.array_equal(xa, xp)
+        assert np.array_equal(xp, x[yp])  # unaugmented batches are the samples themselves
+    again = first_epoch(0, True)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(augmented, again, strict=True))
+    # Batch (epoch 0, step 0) of rank 0 is augmented with seed (7, rank 0, 0, 0); rank 1's seed
+    # for the same batch would move the same images otherwise.
+    first = tf.constant(x[plain[0][1]])
+    rank0 = data.augment_images(first, data.augment_seed(7, 0, 0, 0)).numpy()
+    rank1 = data.augment_images(first, data.augment_seed(7, 1, 0, 0)).numpy()
+    assert np.array_equal(rank0, augmented[0][0]) and not np.array_equal(rank1, rank0)
+    with pytest.raises(data.DataError, match=r"data.augment: needs images .* shape \(5,\)"):
+        data.train_dataset(
+            data.Arrays(x[:, 0, 0, :1].repeat(5, 1), y, x, y, 24), 4, 0, 1, augment=True
+        )
+
+
+def test_uint8_pixels_reach_the_model_in_0_1_and_max_steps_shortens_each_epoch():
+    x = np.arange(40, dtype=np.uint8).reshape(40, 1, 1, 1) * 6
+    arrays = data.Arrays(x, np.arange(40, dtype=np.int32), x[:3], np.arange(3), num_classes=40)
+    dataset, steps = data.train_dataset(arrays, 4, 1, 2, seed=2, max_steps=2)
+    assert steps == 2
+    batches = list(dataset.take(2 * steps).as_numpy_iterator())
+    for xb, yb in batches:
+        assert xb.dtype == np.float32 and np.allclose(xb.ravel(), yb * 6 / 255)
+    for epoch in range(2):  # each epoch of the dataset is the first 2 batches of that epoch's shard
+        ids = np.concatenate([yb for _, yb in batches[epoch * steps : (epoch + 1) * steps]])
+        assert np.array_equal(ids, data.shard_indices(40, 1, 2, epoch, seed=2)[:8])
+    with pytest.raises(data.DataError, match="40 training samples on 2 ranks hold 20 samples"):
+        data.train_dataset(arrays, 32, 0, 2)
+
+
+def test_synthetic_tokens_follow_the_majority_residue_rule():
+    cfg = DataConfig(source="synthetic", kind="tokens", shape=[16], vocab_size=50, num_classes=4)
+    arrays = data.load(cfg)
+    assert arrays.input_shape == (16,) and arrays.x_train.dtype == np.int32
+    assert (len(arrays.x_train), len(arrays.x_val)) == (1638, 410)
+    x = np.concatenate([arrays.x_train, arrays.x_val])
+    y = np.concatenate([arrays.y_train, arrays.y_val])
+    assert x.min() >= 0 and x.max() < 50
+    counts = np.stack([(x % 4 == c).sum(axis=1) for c in range(4)], axis=1)
+    assert np.array_equal(y, counts.argmax(axis=1))
+    assert np.bincount(y, minlength=4).min() > 0.15 * len(y)  # roughly balanced
+    assert np.array_equal(data.load(cfg).x_train, arrays.x_train)  # seeded
