@@ -1,0 +1,408 @@
+"""The launcher side of `hvd-train bench ...` and `hvd-train plan`: start the ranks, collect the
+JSON, write it with a PNG beside it, print the figures. Every launch has a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from hvd_train import launch
+from hvd_train.bench import plan as plan_lib
+
+TIMEOUT_S = 1200
+
+
+def _python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", f"hvd_train.bench.{module}", *args]
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", **(extra or {})}
+
+
+def _launch(
+    np: int,
+    command: list[str],
+    env: dict[str, str] | None = None,
+    launcher: str = "mpirun",
+    echo: bool = False,
+) -> None:
+    argv = launch.build(launcher, np, command)
+    out = subprocess.run(argv, env=job_env(env), capture_output=True, text=True, timeout=TIMEOUT_S)
+    if echo:
+        print("\n".join(line for line in out.stdout.splitlines() if not line.startswith("I0000")))
+    if out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
+        raise RuntimeError(f"benchmark launch failed ({out.returncode}): {argv}\n{tail}")
+
+
+def _write(out_dir: Path, name: str, result: dict) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# --- allreduce ----------------------------------------------------------------------------------
+
+
+def allreduce(np: int, mib: list[int], out_dir: Path, env: dict[str, str] | None = None) -> dict:
+    """Allreduce bandwidth of Horovod, mpi4py and the reference ring under mpirun."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        _launch(np, _python_module("allreduce", "--out", str(out), "--mib", *map(str, mib)), env)
+        result = json.loads(out.read_text())
+    _write(out_dir, "allreduce", result)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    for method in dict.fromkeys(r["method"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["method"] == method]
+        label = "memcpy (copy GB/s, one process)" if method == "memcpy" else method
+        ax.plot([r["MiB"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o", label=label)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="message (MiB)",
+        ylabel="bus bandwidth (GB/s)",
+        title=f"allreduce, {result['np']} ranks on one host",
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.savefig(out_dir / "allreduce.png", dpi=110)
+    plt.close(fig)
+    for row in result["rows"]:
+        print(
+            f"{row['method']:<20} {row['MiB']:>5} MiB  {row['ms_median']:9.2f} ms  "
+            f"busbw {row['busbw_GBps']:.3f} GB/s"
+        )
+    return result
+
+
+# --- synthetic and scaling -----------------------------------------------------------------------
+
+
+def _synthetic_args(
+    model: str, shape: list[int], batch: int, iters: int, per_iter: int, warmup: int
+) -> list[str]:
+    return [
+        "--model",
+        model,
+        "--shape",
+        *map(str, shape),
+        "--batch-size",
+        str(batch),
+        "--num-iters",
+        str(iters),
+        "--num-batches-per-iter",
+        str(per_iter),
+        "--num-warmup-batches",
+        str(warmup),
+    ]
+
+
+def synthetic(
+    np: int,
+    model: str,
+    shape: list[int],
+    batch: int,
+    iters: int,
+    per_iter: int,
+    warmup: int,
+    out_dir: Path | None,
+    launcher: str = "mpirun",
+    env: dict[str, str] | None = None,
+    echo: bool = True,
+) -> dict:
+    """One run of the synthetic benchmark on `np` ranks (the toolkit's fit path)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "r.json"
+        args = _synthetic_args(model, shape, batch, iters, per_iter, warmup)
+        _launch(np, _python_module("synthetic", *args, "--out", str(out)), env, launcher, echo)
+        result = json.loads(out.read_text())
+    if out_dir is not None:
+        _write(out_dir, f"synthetic-{model}-np{np}", result)
+    return result
+
+
+def ceiling(
+    np: int, model: str, shape: list[int], batch: int, iters: int, per_iter: int, warmup: int
+) -> dict:
+    """`np` independent single-worker runs at once, each with its share of the cores, timed over
+    the same wall-clock window: the throughput with no communication at all."""
+    threads = max(1, (os.cpu_count() or 1) // np)
+    start_at = time.time() + 30.0 + 10.0 * np  # after every process has imported and warmed up
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, outs = [], []
+        for i in range(np):
+            out = Path(tmp) / f"r{i}.json"
+            args = _synthetic_args(model, shape, batch, iters, per_iter, warmup)
+            command = _python_module(
+                "synthetic",
+                *args,
+                "--threads",
+                str(threads),
+                "--start-at",
+                str(start_at),
+                "--out",
+                str(out),
+            )
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=job_env(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            outs.append(out)
+        for proc in procs:
+            _, err = proc.communicate(timeout=TIMEOUT_S)
+            if proc.returncode != 0:
+                raise RuntimeError(f"ceiling run failed: {err[-2000:]}")
+        results = [json.loads(o.read_text()) for o in outs]
+    return {
+        "np": np,
+        "threads": threads,
+        "img_per_sec_total": sum(r["img_per_sec_per_worker"] for r in results),
+        "per_process": [r["img_per_sec_per_worker"] for r in results],
+    }
+
+
+def scaling(
+    model: str,
+    shape: list[int],
+    batch: int,
+    max_np: int,
+    repeats: int,
+    iters: int,
+    per_iter: int,
+    warmup: int,
+    straggler: tuple[int, float] | None,
+    out_dir: Path,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """Throughput at 1..max_np workers against the ceiling, alternating the two `repeats` times;
+    then the per-rank step breakdown at max_np (with a straggler when asked)."""
+    rows = []
+    for np in range(1, max_np + 1):
+        toolkit, bound = [], []
+        for _ in range(repeats):
+            toolkit.append(
+                synthetic(
+                    np, model, shape, batch, iters, per_iter, warmup, None, env=env, echo=False
+                )["img_per_sec_total"]
+            )
+            bound.append(
+                ceiling(np, model, shape, batch, iters, per_iter, warmup)["img_per_sec_total"]
+            )
+        ratios = [t / b for t, b in zip(toolkit, bound, strict=True)]
+        rows.append(
+            {
+                "np": np,
+                "toolkit": toolkit,
+                "ceiling": bound,
+                "toolkit_median": statistics.median(toolkit),
+                "ceiling_median": statistics.median(bound),
+                "of_ceiling_median": statistics.median(ratios),
+                "of_ceiling_min": min(ratios),
+                "of_ceiling_max": max(ratios),
+            }
+        )
+        print(
+            f"np={np}: toolkit {rows[-1]['toolkit_median']:.1f} img/s, ceiling "
+            f"{rows[-1]['ceiling_median']:.1f}, of ceiling {rows[-1]['of_ceiling_median']:.3f} "
+            f"[{rows[-1]['of_ceiling_min']:.3f}, {rows[-1]['of_ceiling_max']:.3f}]",
+            flush=True,
+        )
+    one = rows[0]["toolkit_median"]
+    for row in rows:
+        row["efficiency_vs_one_worker"] = row["toolkit_median"] / (row["np"] * one)
+    breakdowns = [_breakdown(model, shape, batch, max_np, None, 0.0, env)]
+    if straggler is not None:
+        breakdowns.append(_breakdown(model, shape, batch, max_np, *straggler, env))
+    result = {
+        "bench": "scaling",
+        "model": model,
+        "shape": shape,
+        "per_rank_batch_size": batch,
+        "repeats": repeats,
+        "rows": rows,
+        "breakdowns": breakdowns,
+        "horovod_env": {k: v for k, v in (env or {}).items() if k.startswith("HOROVOD_")},
+    }
+    _write(out_dir, f"scaling-{model}", result)
+    _plot_scaling(result, out_dir / f"scaling-{model}.png")
+    return result
+
+
+def _breakdown(
+    model: str,
+    shape: list[int],
+    batch: int,
+    np: int,
+    rank: int | None,
+    delay_ms: float,
+    env: dict[str, str] | None,
+) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "b.json"
+        args = [
+            "--model",
+            model,
+            "--shape",
+            *map(str, shape),
+            "--batch-size",
+            str(batch),
+            "--out",
+            str(out),
+        ]
+        if rank is not None:
+            args += ["--straggler-rank", str(rank), "--delay-ms", str(delay_ms)]
+        _launch(np, _python_module("breakdown", *args), env)
+        result = json.loads(out.read_text())
+    for r, phases in enumerate(result["median_ms_per_rank"]):
+        print(
+            f"  breakdown np={np} rank {r}: "
+            + ", ".join(f"{k} {v:.1f} ms" for k, v in phases.items())
+        )
+    return result
+
+
+def _plot_scaling(result: dict, png: Path) -> None:
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+    nps = [r["np"] for r in result["rows"]]
+    left.plot(
+        nps,
+        [r["toolkit_median"] for r in result["rows"]],
+        marker="o",
+        label="hvd_train (Horovod allreduce)",
+    )
+    left.plot(
+        nps,
+        [r["ceiling_median"] for r in result["rows"]],
+        marker="s",
+        label="ceiling: independent runs, no communication",
+    )
+    left.plot(
+        nps,
+        [n * result["rows"][0]["toolkit_median"] for n in nps],
+        ls="--",
+        c="gray",
+        label="linear from 1 worker",
+    )
+    left.set(
+        xlabel="workers",
+        ylabel="samples/s (all workers)",
+        xticks=nps,
+        title=f"{result['model']}, batch {result['per_rank_batch_size']} per worker",
+    )
+    left.grid(alpha=0.3)
+    left.legend()
+    labels, bottoms = [], None
+    bars = []
+    for b in result["breakdowns"]:
+        for r, phases in enumerate(b["median_ms_per_rank"]):
+            tag = f"rank {r}" + (
+                f"\n(+{b['delay_ms']:.0f} ms on rank {b['straggler_rank']})"
+                if b["straggler_rank"] is not None
+                else ""
+            )
+            labels.append(tag)
+            bars.append(phases)
+    import numpy as np
+
+    bottoms = np.zeros(len(bars))
+    for phase in ("compute", "straggle", "wait", "allreduce", "apply"):
+        values = np.array([b[phase] for b in bars])
+        right.bar(range(len(bars)), values, bottom=bottoms, label=phase)
+        bottoms += values
+    right.set_xticks(range(len(bars)), labels, fontsize=8)
+    right.set(ylabel="ms per step (median)", title="where a step's time goes")
+    right.legend()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# --- plan ---------------------------------------------------------------------------------------
+
+
+def plan(workers: list[int], out_dir: Path) -> dict[str, Any]:
+    """Predict every profile x workload, compare with the published results; JSON + PNG."""
+    predictions = {
+        f"{hw}/{wl}": plan_lib.predict(plan_lib.HARDWARE[hw], plan_lib.WORKLOADS[wl], workers)
+        for hw in plan_lib.HARDWARE
+        for wl in plan_lib.WORKLOADS
+        if wl.endswith(hw.split("-")[0])
+    }
+    comparison = plan_lib.compare_published()
+    result = {
+        "bench": "plan",
+        "workers": workers,
+        "predictions": predictions,
+        "published_comparison": comparison,
+        **plan_lib.describe(),
+    }
+    _write(out_dir, "plan", result)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
+    shown = [f"{p['hardware']}/{p['workload']}" for p in comparison]
+    shown.append("v100-nvlink-100gb-ib/resnet50-v100")  # a current cluster, no published figure
+    for i, key in enumerate(shown):
+        rows, color = predictions[key], f"C{i}"
+        ax.fill_between(
+            workers,
+            [r["efficiency_no_overlap"] for r in rows],
+            [r["efficiency_full_overlap"] for r in rows],
+            color=color,
+            alpha=0.2,
+        )
+        ax.plot(workers, [r["efficiency_no_overlap"] for r in rows], color=color, label=key)
+        for pub in comparison:
+            if f"{pub['hardware']}/{pub['workload']}" == key:
+                ax.scatter(
+                    [pub["workers"]],
+                    [pub["efficiency"]],
+                    color=color,
+                    marker="*",
+                    s=120,
+                    edgecolor="black",
+                    zorder=3,
+                )
+    ax.set(
+        xscale="log",
+        xlabel="workers",
+        ylabel="scaling efficiency",
+        title="predicted (band: no overlap .. full overlap), published (stars)",
+    )
+    ax.set_xticks(workers, [str(w) for w in workers])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.savefig(out_dir / "plan.png", dpi=110)
+    plt.close(fig)
+    for pub in comparison:
+        print(
+            f"{pub['workload']:<16} on {pub['hardware']:<18} x{pub['workers']:<4} published "
+            f"{pub['efficiency']:.2f}  model {pub['model_no_overlap']:.2f}..."
+            f"{pub['model_full_overlap']:.2f}  (midpoint error {pub['error_points']:+.1f} "
+            "points)"
+        )
+    return result
