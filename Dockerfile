@@ -4,6 +4,8 @@
 #   CPU:  docker build -t hvd_train .
 #   GPU:  docker build -t hvd_train:gpu --build-arg GPU=1 \
 #           --build-arg BASE=nvidia/cuda:12.5.1-devel-ubuntu22.04 .
+#   classic stack (TensorFlow 2.15 + Keras 2, Horovod's own Keras optimizer):
+#         docker build -t hvd_train:classic --build-arg STACK=classic .
 #   run:  docker run --rm hvd_train                                  # hvd-train doctor
 #         docker run --rm --gpus all --shm-size=1g hvd_train:gpu train --config configs/digits.yaml
 # The GPU base is a -devel image because Horovod's NCCL ops compile against the CUDA headers. It has
@@ -17,6 +19,7 @@ FROM ${BASE}
 ARG GPU=0
 ARG STACK=modern
 # Also read by mpi_scripts/run.sh and the Makefile, so they use this environment in the container.
+# The image holds one stack, so one venv path serves both: the installer takes VENV as given.
 ENV VENV=/opt/hvd_train/venv
 WORKDIR /opt/hvd_train/src
 COPY . .

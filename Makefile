@@ -1,17 +1,20 @@
-# hvd_train: each target is the documentation of how to do it. Variables: NP, LAUNCHER, VENV.
+# hvd_train: each target is the documentation of how to do it. Variables: NP, LAUNCHER, STACK, VENV.
 SHELL := /bin/bash
-VENV ?= .venv
+# STACK=classic: TensorFlow 2.15 + Keras 2 in .venv-classic; modern (TensorFlow 2.21 + Keras 3) in
+# .venv. An existing VENV keeps the stack it was installed with (VENV=.venv-classic make train).
+STACK ?=
+VENV ?= $(if $(filter classic,$(STACK)),.venv-classic,.venv)
 PY := $(VENV)/bin/python
 NP ?= 2
 LAUNCHER ?= mpirun
 
-.PHONY: help install train example test test-unit test-parallel lint format doctor
+.PHONY: help install train example test test-unit test-parallel bench plan lint format doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install: ## set up OpenMPI, the venv and Horovod (idempotent: seconds once built)
-	bash mpi_scripts/install.sh
+install: ## set up OpenMPI, the venv and Horovod (idempotent: seconds once built); STACK=classic
+	STACK=$(STACK) VENV=$(VENV) bash mpi_scripts/install.sh
 
 RUN_DIR ?= runs/digits
 
@@ -32,6 +35,12 @@ test-parallel: ## tests/parallel on NP ranks under LAUNCHER, once (no timeout: f
 	PATH=$(VENV)/bin:$$PATH $(PY) -m hvd_train.launch --np $(NP) --launcher $(LAUNCHER) -- \
 	  $(PY) -m pytest tests/parallel -q -p no:cacheprovider
 
+bench: install ## rerun the benchmarks of the README (idle machine!): JSON + PNG in benchmarks/results
+	VENV=$(VENV) NP=$(NP) bash benchmarks/run.sh all
+
+plan: ## the cost model: predicted scaling at 8..1024 workers against published results
+	$(VENV)/bin/hvd-train plan --out benchmarks/results
+
 doctor: ## versions, the Horovod build, and what is wrong
 	$(VENV)/bin/hvd-train doctor
 
@@ -40,7 +49,7 @@ lint: ## ruff (lint + format check), shellcheck and hadolint, as CI runs them
 	$(VENV)/bin/ruff format --check .
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq shellcheck >/dev/null; } \
 	  || { echo "lint: shellcheck missing: apt-get install shellcheck"; exit 1; }
-	shellcheck mpi_scripts/*.sh mpi_scripts/slurm.sbatch tests/run.sh .ci/run
+	shellcheck mpi_scripts/*.sh mpi_scripts/slurm.sbatch tests/run.sh benchmarks/run.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile
 
 format: ## rewrite the code in the project's format

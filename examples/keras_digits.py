@@ -1,4 +1,6 @@
-"""A plain Keras 3 script on scikit-learn's digits, distributed with hvd_train in a few lines.
+"""A plain Keras script on scikit-learn's digits, distributed with hvd_train in a few lines.
+
+It runs unchanged on both stacks: Keras 3 (.venv) and Keras 2 (.venv-classic).
 
 Every line that exists only because of distribution says why. Run on 2 workers:
     mpi_scripts/run.sh examples/keras_digits.py            (NP=2 by default; LAUNCHER=horovodrun)

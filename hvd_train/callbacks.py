@@ -20,10 +20,15 @@ class BroadcastInitialState(keras.callbacks.Callback):
 
     Put it in `callbacks` on every rank (it runs a collective: a callback added on rank 0 only hangs
     the job). Before the train function is built it turns XLA off (Horovod's ops have no XLA kernels
-    in this build, and Keras turns jit_compile on by itself when a GPU is visible) and rejects a
-    LossScaleOptimizer wrapped around the distributed optimizer, where one rank's overflow would
-    skip the allreduce the others run. At train begin it broadcasts the state, and gives
-    jit_compile back, so that evaluation and prediction (no collectives) still use XLA.
+    in this build, and Keras turns jit_compile on by itself when a GPU is visible) and rejects
+    optimizers that would not average (`dist.check_optimizer`). At train begin it broadcasts the
+    state, and gives jit_compile back, so that evaluation and prediction (no collectives) still use
+    XLA (Keras 2: at train end, `dist.restore_jit_compile`).
+
+    On both stacks, also the classic one where Horovod's `BroadcastGlobalVariablesCallback` exists:
+    that callback broadcasts at the end of the first batch (TensorFlow 2), after an update made
+    from each rank's own initial weights, so ranks that start differently do not train like one
+    process (the equivalence tests fail with it); this one broadcasts before the first step.
     """
 
     def __init__(self, root_rank: int = 0) -> None:
@@ -36,29 +41,22 @@ class BroadcastInitialState(keras.callbacks.Callback):
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
             return
-        inner = getattr(optimizer, "inner_optimizer", None)
-        if inner is not None and dist.is_distributed(inner) and not dist.is_distributed(optimizer):
-            raise ValueError(
-                "the model's LossScaleOptimizer wraps the distributed optimizer: create the "
-                "DistributedOptimizer after setting the mixed_float16 policy (it then wraps the "
-                "loss "
-                "scaling itself, with the allreduce outside the finite check)"
-            )
-        if dist.size() > 1 and not dist.is_distributed(optimizer):
-            raise ValueError(
-                f"optimizer {optimizer.name!r} is not distributed: wrap it with "
-                "hvd_train.DistributedOptimizer, or gradients are never averaged over ranks"
-            )
-        # One worker: the optimizer adds no Horovod op, and XLA may compile the whole step.
-        if dist.is_distributed(optimizer) and dist.size() > 1 and model.jit_compile:
+        dist.check_optimizer(optimizer)
+        # Where the step holds no Horovod op (one worker, modern), XLA may compile all of it.
+        if dist.traces_collectives(optimizer) and model.jit_compile:
             self._jit_for_evaluation = True
             model.jit_compile = False
             model.train_function = None  # may have been built with XLA: rebuild without
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         dist.broadcast_model_state(self.model, self.root_rank)
-        if self._jit_for_evaluation:  # the train function exists by now, built without XLA
-            self.model.jit_compile = True
+        # The train function exists by now, built without XLA (Keras 2: only at train end).
+        if self._jit_for_evaluation and dist.restore_jit_compile(self.model, fit_running=True):
+            self._jit_for_evaluation = False
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._jit_for_evaluation:
+            self._jit_for_evaluation = not dist.restore_jit_compile(self.model, fit_running=False)
 
 
 class AverageMetrics(keras.callbacks.Callback):
@@ -128,13 +126,15 @@ class CheckpointWriter(keras.callbacks.Callback):
             self.directory,
             epoch,
             [v.numpy() for v in self.model.variables],
-            [v.numpy() for v in optimizer.variables],
+            [v.numpy() for v in dist.optimizer_variables(optimizer)],
             {
                 **self.meta,
                 "step": int(optimizer.iterations.numpy()),
                 "metrics": logs,
                 "best": self.best,
-                "model_variables": [[v.path, list(v.shape)] for v in self.model.variables],
+                "model_variables": [
+                    [dist.variable_name(v), list(v.shape)] for v in self.model.variables
+                ],
             },
         )
         if improves:
@@ -164,7 +164,7 @@ class JsonMetrics(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         record = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
-        record["learning_rate"] = float(self.model.optimizer.learning_rate)
+        record["learning_rate"] = dist.learning_rate(self.model.optimizer)
         record["seconds"] = round(time.monotonic() - self._start, 3)
         self.records = [r for r in self.records if r["epoch"] < epoch + 1] + [record]
         tmp = self.path.with_name(f".{self.path.name}.tmp")

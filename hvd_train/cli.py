@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hvd_train import config as config_lib
 from hvd_train import doctor, launch, rundir
@@ -72,6 +73,8 @@ def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace
     config_lib.validate(config, size)
     import models
 
+    if config.model.file is not None:
+        models.load_file(config.model.file)  # the user's builders, before the name is checked
     if config.model.name not in models.names():
         raise config_lib.ConfigError(
             f"model.name: unknown model {config.model.name!r} (known: {', '.join(models.names())})"
@@ -84,8 +87,6 @@ def cmd_train(argv: Sequence[str]) -> int:
     args, config = check_train_args(argv, size)
     if rundir.launcher_rank(os.environ) == 0:  # only rank 0 writes, so only rank 0 checks
         rundir.prepare(config.run_dir, args.resume, args.overwrite)
-    from pathlib import Path
-
     from hvd_train import train
 
     result = train.train_and_evaluate(
@@ -121,11 +122,72 @@ def cmd_launch(argv: Sequence[str]) -> int:
 
 
 def cmd_models(argv: Sequence[str]) -> int:
-    _parse(argparse.ArgumentParser(prog="hvd-train models"), argv)
-    import models
+    parser = argparse.ArgumentParser(prog="hvd-train models", description="list the models")
+    parser.add_argument("--file", help="also a Python file of your own models (as model.file)")
+    args = _parse(parser, argv)
+    import models  # registers the zoo without importing TensorFlow
 
-    for name in models.names():
-        print(name)
+    if args.file is not None:
+        models.load_file(args.file)
+    names = models.names()
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {models.summary(name)}".rstrip())
+    return 0
+
+
+def _straggler(text: str) -> tuple[int, float]:
+    """ "rank=R,delay_ms=D" -> (R, D)."""
+    try:
+        fields = dict(item.split("=", 1) for item in text.split(","))
+        return int(fields["rank"]), float(fields["delay_ms"])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(
+            f"--straggler wants rank=R,delay_ms=D, got {text!r}"
+        ) from None
+
+
+def cmd_bench(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="hvd-train bench", description="benchmarks; JSON + PNG in --out")
+    parser.add_argument("kind", choices=["allreduce", "synthetic", "scaling"])
+    parser.add_argument("--np", type=int, default=2, help="workers (max workers for scaling)")
+    parser.add_argument("--model", default="resnet20")
+    parser.add_argument("--shape", type=int, nargs="+", default=[32, 32, 3])
+    parser.add_argument("--batch-size", type=int, default=64, help="per worker")
+    parser.add_argument("--num-iters", type=int, default=5)
+    parser.add_argument("--num-batches-per-iter", type=int, default=10)
+    parser.add_argument("--num-warmup-batches", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="scaling: alternations")
+    parser.add_argument("--straggler", type=_straggler, help="scaling: rank=R,delay_ms=D")
+    parser.add_argument("--mib", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--launcher", default="mpirun", choices=launch.LAUNCHERS)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if args.np < 1:
+        raise UsageError(f"hvd-train bench: --np must be >= 1, got {args.np}")
+    from hvd_train.bench import runner
+
+    common = (args.model, args.shape, args.batch_size)
+    loop = (args.num_iters, args.num_batches_per_iter, args.num_warmup_batches)
+    if args.kind == "allreduce":
+        runner.allreduce(args.np, args.mib, args.out)
+    elif args.kind == "synthetic":
+        runner.synthetic(args.np, *common, *loop, args.out, args.launcher)
+    else:
+        runner.scaling(*common, args.np, args.repeats, *loop, args.straggler, args.out)
+    return 0
+
+
+def cmd_plan(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="hvd-train plan", description="predicted scaling at 8..1024 workers")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024]
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    from hvd_train.bench import runner
+
+    runner.plan(args.workers, args.out)
     return 0
 
 
@@ -134,6 +196,8 @@ COMMANDS = {
     "launch": (cmd_launch, "start N workers of a train command under mpirun/horovodrun/srun"),
     "doctor": (lambda argv: doctor.run(sys.stdout), "versions, the Horovod build, what is wrong"),
     "models": (cmd_models, "list the registered models"),
+    "bench": (cmd_bench, "allreduce | synthetic | scaling benchmarks (JSON + PNG)"),
+    "plan": (cmd_plan, "cost model: predicted throughput and efficiency at 8..1024 workers"),
 }
 
 

@@ -30,12 +30,15 @@ import yaml
 from hvd_train import schedules
 from hvd_train.errors import UserError
 
-SOURCES = ("digits", "synthetic", "npz")
+SOURCES = ("digits", "synthetic", "npz", "mnist", "cifar10", "tfrecord", "image_dir")
+FILE_SOURCES = ("npz", "tfrecord", "image_dir")  # the sources that need data.path
+KINDS = ("images", "tokens")
 OPTIMIZERS = ("sgd", "adam")
 COMPRESSIONS = ("none", "fp16")
 MODES = ("max", "min")
 
 # Worker count set by each launcher in every rank's environment, in the order they are trusted.
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 SIZE_VARIABLES = (
     "HOROVOD_SIZE",  # horovodrun --gloo
     "OMPI_COMM_WORLD_SIZE",  # Open MPI's mpirun (4 and 5), and horovodrun over MPI
@@ -49,25 +52,50 @@ class ConfigError(UserError):
 
 @dataclass
 class DataConfig:
-    """What to train on.
+    """What to train on. Nothing is downloaded: every source reads local files (`hvd_train.data`).
 
     Attributes:
-      source: "digits" (scikit-learn's 8x8 digits), "synthetic" (random images) or "npz".
-      path: the npz file, with arrays x_train, y_train and optionally x_val, y_val.
-      validation_fraction: held out for validation when the source has no validation split.
-      shape: synthetic input shape, (height, width, channels).
-      num_classes: synthetic number of classes.
-      num_samples: synthetic number of training samples.
-      seed: data-order seed; the same on every rank, so shards are disjoint.
+      source: "digits" (scikit-learn's 8x8 digits), "synthetic" (random images or tokens), "npz",
+        "mnist" or "cifar10" (Keras's cached files in $KERAS_HOME/datasets, else
+        ~/.keras/datasets; the error names the file to put there), "tfrecord" or "image_dir".
+      path: npz: the file, with arrays x_train, y_train and optionally x_val, y_val. tfrecord: a
+        glob of uncompressed TFRecord files of tf.train.Examples with features `image` (encoded
+        PNG/JPEG bytes) and `label` (one int64). image_dir: a directory with one folder of images
+        per class (class ids from the sorted folder names).
+      val_path: tfrecord: a glob of validation files; image_dir: a directory of the same class
+        folders. Null: hold out `validation_fraction` of the files (tfrecord: whole files) by
+        a seeded split.
+      validation_fraction: held out for validation when the source has no validation split
+        (mnist and cifar10 validate on their test split).
+      shape: synthetic images: (height, width, channels); synthetic tokens: [sequence_length];
+        tfrecord and image_dir: [height, width, channels] the images are decoded and resized to
+        (channels 1 or 3).
+      num_classes: synthetic: number of classes; tfrecord: labels are in [0, num_classes).
+      num_samples: synthetic: samples generated (validation_fraction of them held out).
+      seed: data-order seed; the same on every rank, so shards are disjoint. It also seeds
+        shuffling and augmentation (with the rank and epoch).
+      kind: synthetic: "images", or "tokens" (int ids in [0, vocab_size); the class is the
+        residue id % num_classes most of a sequence's tokens share).
+      vocab_size: synthetic tokens: number of token ids.
+      augment: images: random crop after 4-pixel zero padding, and random left-right flip,
+        seeded per (seed, rank, epoch, step).
+      cache: tfrecord and image_dir: decode all files once and keep them in memory when that
+        fits on every rank (1/4 of the available memory for the ranks of a host); else read the
+        files every epoch. In-memory sources ignore it.
     """
 
     source: str = "digits"
     path: str | None = None
+    val_path: str | None = None
     validation_fraction: float = 0.2
     shape: list[int] = field(default_factory=lambda: [8, 8, 1])
     num_classes: int = 10
     num_samples: int = 2048
     seed: int = 0
+    kind: str = "images"
+    vocab_size: int = 1000
+    augment: bool = False
+    cache: bool = True
 
 
 @dataclass
@@ -75,12 +103,15 @@ class ModelConfig:
     """Which model to build.
 
     Attributes:
-      name: a name registered in `models/` (checked when the model is built: listing needs Keras).
+      name: a name registered in `models/` (`hvd-train models` lists them) or by `file`.
       params: keyword arguments for the model builder.
+      file: a Python file of the user's own models: its import registers builders with
+        `@models.register("name")` (see `models.load_file`), then `name` can pick one of them.
     """
 
     name: str = "cnn"
     params: dict[str, Any] = field(default_factory=dict)
+    file: str | None = None
 
 
 @dataclass
@@ -128,6 +159,12 @@ class TrainConfig:
       seed: weight-initialization seed.
       deterministic: enable TensorFlow's op determinism, for bit-exact resume.
       steps_per_epoch: optional cap on the updates per epoch.
+      precision: Keras dtype policy: "float32", "mixed_float16" (with loss scaling, the allreduce
+        outside its finite check) or "mixed_bfloat16".
+      jit_compile: XLA-compile where it works: the whole step on one worker; with more, the
+        evaluation step only (Horovod's ops have no XLA kernels, so the train step runs without).
+      sync_batchnorm: BatchNorm moments over the global batch (one allreduce per layer per step),
+        for small per-rank batches; the model must be functional or Sequential.
     """
 
     epochs: int = 12
@@ -136,6 +173,9 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     steps_per_epoch: int | None = None
+    precision: str = "float32"
+    jit_compile: bool = False
+    sync_batchnorm: bool = False
 
 
 @dataclass
@@ -232,8 +272,26 @@ def validate(config: Config, size: int | None = None) -> None:
 
     data = config.data
     _check_choice("data.source", data.source, SOURCES)
-    if data.source == "npz":
-        _check(bool(data.path), "data.path", "is required when data.source is 'npz'", data.path)
+    if data.source in FILE_SOURCES:
+        rule = f"is required when data.source is {data.source!r}"
+        _check(bool(data.path), "data.path", rule, data.path)
+    if data.val_path is not None:
+        rule = "is read only by data.source 'tfrecord' or 'image_dir'"
+        _check(data.source in ("tfrecord", "image_dir"), "data.val_path", rule, data.val_path)
+    _check_choice("data.kind", data.kind, KINDS)
+    _check_min("data.vocab_size", data.vocab_size, 2)
+    if data.kind == "tokens":
+        rule = "must be 'synthetic' for data.kind 'tokens'"
+        _check(data.source == "synthetic", "data.source", rule, data.source)
+        rule = "must be [sequence_length] for data.kind 'tokens'"
+        _check(len(data.shape) == 1, "data.shape", rule, data.shape)
+        rule = f"must be >= data.num_classes ({data.num_classes}) for data.kind 'tokens'"
+        _check(data.vocab_size >= data.num_classes, "data.vocab_size", rule, data.vocab_size)
+        rule = "must be false for data.kind 'tokens' (it augments images)"
+        _check(not data.augment, "data.augment", rule, data.augment)
+    if data.source in ("tfrecord", "image_dir"):
+        rule = "must be [height, width, channels] with 1 or 3 channels for image files"
+        _check(len(data.shape) == 3 and data.shape[2] in (1, 3), "data.shape", rule, data.shape)
     fraction = data.validation_fraction
     _check(0 < fraction < 1, "data.validation_fraction", "must be in (0, 1)", fraction)
     _check(
@@ -247,6 +305,10 @@ def validate(config: Config, size: int | None = None) -> None:
     _check_min("data.seed", data.seed, 0)
 
     _check(bool(config.model.name), "model.name", "must be a non-empty string", config.model.name)
+    model_file = config.model.file
+    if model_file is not None and not os.path.isfile(model_file):
+        problem = "is not a file" if os.path.exists(model_file) else "does not exist"
+        raise ConfigError(f"model.file: {_show(model_file)} {problem}")
 
     train = config.train
     _check_min("train.epochs", train.epochs, 1)
@@ -254,6 +316,7 @@ def validate(config: Config, size: int | None = None) -> None:
     _check_min("train.seed", train.seed, 0)
     if train.steps_per_epoch is not None:
         _check_min("train.steps_per_epoch", train.steps_per_epoch, 1)
+    _check_choice("train.precision", train.precision, PRECISIONS)
 
     opt = config.optimizer
     _check_choice("optimizer.name", opt.name, OPTIMIZERS)

@@ -49,6 +49,7 @@ def run(out: TextIO) -> int:
         from hvd_train import dist
 
         built = dist.build_info()
+        rows.append(("stack", f"{dist.stack.NAME} (Keras {dist.stack.KERAS_MAJOR})"))
         rows.append(("horovod controllers", ", ".join(k for k in ("mpi", "gloo") if built[k])))
         rows.append(("horovod gpu ops", "nccl" if built["nccl"] else "none (CPU build)"))
         if not (built["mpi"] or built["gloo"]):

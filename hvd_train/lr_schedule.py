@@ -1,4 +1,9 @@
-"""The learning-rate rule of `hvd_train.schedules` as a Keras schedule the optimizer evaluates."""
+"""The learning-rate rule of `hvd_train.schedules` as a Keras schedule the optimizer evaluates.
+
+Written in TensorFlow ops, which Keras 3 (TensorFlow backend) and Keras 2 both evaluate, so one
+schedule serves both stacks; it does the warmup on both (Horovod's LearningRateWarmupCallback is not
+used: with momentum correction, its default, it crashes on TensorFlow 2.15's current optimizers).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-from keras import ops
+import tensorflow as tf
 
 from hvd_train import schedules
 
@@ -45,20 +50,20 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.decay_boundaries = [int(b) for b in decay_boundaries]
 
     def __call__(self, step: Any) -> Any:
-        step = ops.cast(step, "float32")
+        step = tf.cast(step, tf.float32)
         if self.decay == "step":
-            passed = sum(ops.cast(step >= b, "float32") for b in self.decay_boundaries)
-            after = self.peak_lr * ops.power(self.decay_rate, passed)
+            passed = sum(tf.cast(step >= b, tf.float32) for b in self.decay_boundaries)
+            after = self.peak_lr * tf.pow(self.decay_rate, passed)
         elif self.decay == "cosine":
             span = float(self.total_steps - self.warmup_steps)
-            progress = ops.clip((step - self.warmup_steps) / span, 0.0, 1.0)
-            after = self.peak_lr * 0.5 * (1.0 + ops.cos(math.pi * progress))
+            progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
+            after = self.peak_lr * 0.5 * (1.0 + tf.cos(math.pi * progress))
         else:
-            after = ops.convert_to_tensor(self.peak_lr, "float32")
+            after = tf.constant(self.peak_lr, tf.float32)
         if self.warmup_steps == 0:
             return after
         warm = self.base_lr + (self.peak_lr - self.base_lr) * step / self.warmup_steps
-        return ops.where(step < self.warmup_steps, warm, after)
+        return tf.where(step < self.warmup_steps, warm, after)
 
     def get_config(self) -> dict[str, Any]:
         return {

@@ -104,19 +104,20 @@ def _make_optimizer(opt_cfg: Any, schedule: Any) -> Any:
 
 def _restore(model: Any, checkpoint: Any) -> None:
     """Put a checkpoint's values into the model and its (built) optimizer (rank 0)."""
-    targets = list(model.variables) + list(model.optimizer.variables)
+    optimizer_variables = dist.optimizer_variables(model.optimizer)
+    targets = list(model.variables) + optimizer_variables
     values = checkpoint.model + checkpoint.optimizer
     if len(checkpoint.model) != len(model.variables) or len(values) != len(targets):
         raise ckpt.CheckpointError(
             f"checkpoint {checkpoint.path} holds {len(checkpoint.model)} model and "
             f"{len(checkpoint.optimizer)} optimizer variables; this model has "
-            f"{len(model.variables)} and {len(model.optimizer.variables)}"
+            f"{len(model.variables)} and {len(optimizer_variables)}"
         )
     for var, value in zip(targets, values, strict=True):
         if tuple(var.shape) != value.shape:
             raise ckpt.CheckpointError(
-                f"checkpoint {checkpoint.path}: variable {var.path} has shape {value.shape} there, "
-                f"{tuple(var.shape)} in this model"
+                f"checkpoint {checkpoint.path}: variable {dist.variable_name(var)} has shape "
+                f"{value.shape} there, {tuple(var.shape)} in this model"
             )
     for var, value in zip(targets, values, strict=True):
         var.assign(value)
@@ -161,6 +162,8 @@ def train_and_evaluate(
     from hvd_train.lr_schedule import scaled_warmup_schedule
 
     train_cfg, opt_cfg = config.train, config.optimizer
+    # Before the model and the optimizer exist: both read the policy when they are made.
+    keras.mixed_precision.set_global_policy(train_cfg.precision)
     keras.utils.set_random_seed(train_cfg.seed)
     if train_cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -183,26 +186,41 @@ def train_and_evaluate(
         log.info("no checkpoint in %s: starting at epoch 1", checkpoint_dir)
 
     # --- data: each rank its shard, equal steps ----------------------------------------------
-    arrays = data.load_arrays(config.data)
-    train_ds, steps = data.shard_dataset(
-        (arrays.x_train, arrays.y_train),
+    arrays = data.load(config.data)  # in memory, or image/TFRecord files read every epoch
+    if config.data.cache:
+        # Files are decoded into memory only if they fit on every rank: a rank that kept reading
+        # them would shard them by another rule, and the shards would overlap.
+        fits = data.fits_in_memory(arrays, dist.local_size())
+        if all(dist.allgather_object(fits, name="hvd_train.data_fits")):
+            arrays = data.decode_into_memory(arrays)
+    train_ds, steps = data.train_dataset(
+        arrays,
         per_rank_batch,
         rank,
         size,
         seed=config.data.seed,
+        augment=config.data.augment,
         initial_epoch=initial_epoch,
+        # The cap shortens every epoch of the data too, so a resumed run reads what an
+        # uninterrupted one would.
+        max_steps=train_cfg.steps_per_epoch,
     )
-    if train_cfg.steps_per_epoch:
-        steps = min(steps, train_cfg.steps_per_epoch)
-    val_ds = data.validation_shard((arrays.x_val, arrays.y_val), per_rank_batch, rank, size)
+    val_ds = data.validation_dataset(arrays, per_rank_batch, rank, size)
 
     # --- model and the distributed optimizer -------------------------------------------------
+    if config.model.file is not None:
+        models.load_file(config.model.file)  # every rank; a no-op after check_train_args
     try:
         model = models.build(
             config.model.name, arrays.input_shape, arrays.num_classes, **config.model.params
         )
     except TypeError as err:  # an unknown or misspelled builder argument
         raise config_lib.ConfigError(f"model.params: {err}") from None
+    if train_cfg.sync_batchnorm:
+        try:
+            model = dist.convert_sync_batchnorm(model)
+        except ValueError as err:
+            raise config_lib.ConfigError(f"train.sync_batchnorm: {err}") from None
     passes = opt_cfg.backward_passes_per_step
     schedule = scaled_warmup_schedule(
         base_lr=opt_cfg.base_lr,
@@ -227,6 +245,7 @@ def train_and_evaluate(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        jit_compile=train_cfg.jit_compile,
     )
     optimizer.build(model.trainable_variables)
     error = None

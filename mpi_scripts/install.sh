@@ -2,9 +2,11 @@
 # Installs everything hvd_train needs on a fresh Debian/Ubuntu machine, and nothing that is already there:
 #   1. system packages (Open MPI, cmake, a C++ compiler) through apt-get when root;
 #   2. a virtual environment with the pinned Python packages (requirements/STACK-{cpu,gpu}.txt);
+#      STACK=modern (TensorFlow 2.21 + Keras 3) or classic (TensorFlow 2.15 + Keras 2), each in its
+#      own environment (.venv, .venv-classic), so both can sit side by side in one clone;
 #   3. Horovod built from source against that environment's TensorFlow, cached as a wheel OUTSIDE the
-#      clone under a key naming Horovod, TensorFlow, Python and the enabled ops, so a second run (or a
-#      fresh clone on the same machine) installs it in seconds and a changed TensorFlow rebuilds it;
+#      clone under a key naming Horovod, TensorFlow, Python and the compiled ops, so a second run (or
+#      a fresh clone on the same machine) installs it in seconds and a changed TensorFlow rebuilds it;
 #   4. hvd_train itself (editable) and a final `hvd-train doctor`.
 # pip's own wheel cache is deliberately not used for Horovod: it is keyed by the sdist alone and will
 # hand a wheel built against another TensorFlow to a new environment (HorovodVersionMismatchError).
@@ -14,9 +16,10 @@ usage() {
   cat <<'EOF'
 Usage: mpi_scripts/install.sh
 Environment (defaults in brackets):
-  VENV=path          virtual environment to create or reuse [<repo>/.venv]
+  STACK=name         modern (TensorFlow 2.21 + Keras 3) or classic (TensorFlow 2.15 + Keras 2,
+                     Horovod's own Keras integration) [the stack VENV already holds, else modern]
+  VENV=path          virtual environment to create or reuse [<repo>/.venv; classic: <repo>/.venv-classic]
   PYTHON=python3     interpreter the environment is made from [python3]
-  STACK=modern       software stack: modern (TensorFlow 2.21 + Keras 3) [modern]
   GPU=auto|0|1       build Horovod's NCCL ops; auto = an NVIDIA GPU is present (not merely nvcc) [auto]
   HVD_TRAIN_CACHE=d  where built Horovod wheels are kept [${XDG_CACHE_HOME:-~/.cache}/hvd_train]
   JOBS=n             parallel compile jobs for the Horovod build [nproc]
@@ -25,9 +28,8 @@ EOF
 case "${1:-}" in -h | --help) usage; exit 0 ;; "") ;; *) usage >&2; exit 2 ;; esac
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VENV=${VENV:-$REPO/.venv}
+STACK=${STACK:-}
 PYTHON=${PYTHON:-python3}
-STACK=${STACK:-modern}
 GPU=${GPU:-auto}
 HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
 JOBS=${JOBS:-$(nproc)}
@@ -36,11 +38,11 @@ HOROVOD_VERSION=0.28.1
 BUILD_RECIPE=r1
 
 # Progress: numbered steps; with HVD_TRAIN_TIMINGS=file each step's seconds are appended to it
-# ("install/NAME SECONDS RESULT") for the stage table of tests/run.sh.
+# ("install/STACK/NAME SECONDS RESULT") for the stage table of tests/run.sh.
 step_no=0 step_name="" step_start=$SECONDS step_result=ok
 record() {
   if [ -n "$step_name" ] && [ -n "${HVD_TRAIN_TIMINGS:-}" ]; then
-    echo "install/$step_name $((SECONDS - step_start)) $step_result" >>"$HVD_TRAIN_TIMINGS"
+    echo "install/$STACK/$step_name $((SECONDS - step_start)) $step_result" >>"$HVD_TRAIN_TIMINGS"
   fi
 }
 step() {
@@ -50,7 +52,22 @@ step() {
 }
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 
-case "$STACK" in modern) ;; *) die "unknown STACK=$STACK (known: modern)" ;; esac
+# An environment holds one stack (its stamp says which): VENV=.venv-classic alone means classic, and
+# a stack is never installed over another one's environment.
+if [ -z "$STACK" ] && [ -n "${VENV:-}" ]; then
+  STACK=$(cat "$VENV/.hvd_train-stack" 2>/dev/null || true)
+fi
+STACK=${STACK:-modern}
+case "$STACK" in
+  modern) VENV=${VENV:-$REPO/.venv} ;;
+  classic) VENV=${VENV:-$REPO/.venv-classic} ;;
+  *) die "unknown STACK=$STACK (known: modern, classic)" ;;
+esac
+venv_stack=$(cat "$VENV/.hvd_train-stack" 2>/dev/null || true)
+if [ -n "$venv_stack" ] && [ "$venv_stack" != "$STACK" ]; then
+  die "$VENV holds the $venv_stack stack, not $STACK: choose another VENV (or remove that one)"
+fi
+
 case "$GPU" in
   auto) if [ -e /dev/nvidia0 ] || nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then GPU=1; else GPU=0; fi ;;
   0 | 1) ;;
@@ -85,6 +102,7 @@ fi
 # --- 2. virtual environment and pinned packages --------------------------------------------------
 step python "Python environment $VENV ($STACK, $VARIANT)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+echo "$STACK" >"$VENV/.hvd_train-stack"
 PY=$VENV/bin/python
 REQ=$REPO/requirements/$STACK-$VARIANT.txt
 # The stamp holds the hash of the requirement files: an unchanged set skips pip entirely.
@@ -105,7 +123,11 @@ for d in ("tensorflow-cpu", "tensorflow"):
         pass
 sys.exit("TensorFlow is not installed in the environment")')
 py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-ops=mpi-gloo; [ "$GPU" = 1 ] && ops=$ops-nccl
+# The build fix below is needed from TensorFlow 2.16 on; 2.15 (classic) builds unchanged.
+xla_fix=$("$PY" -c 'import sys; v = tuple(int(p) for p in sys.argv[1].split(".")[:2])
+print(int(v >= (2, 16)))' "$tf_version")
+# The key's ops name what the library contains: "xla" only where the fix did not leave it out.
+ops=mpi-gloo; [ "$GPU" = 1 ] && ops=$ops-nccl; [ "$xla_fix" = 0 ] && ops=$ops-xla
 key=horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$ops-$BUILD_RECIPE
 wheel_dir=$HVD_TRAIN_CACHE/wheels/$key
 step horovod "Horovod $HOROVOD_VERSION ($key)"
@@ -127,9 +149,11 @@ else
     # ships (e.g. highwayhash/arch_specific.h), so the build fails on that one file. Its XLA ops are
     # optional (used only with HOROVOD_ENABLE_XLA_OPS=1, which hvd_train never sets; it turns
     # jit_compile off where Horovod's ops are traced), so the file is left out of the library.
-    cmake_tf=$src/horovod/tensorflow/CMakeLists.txt
-    grep -q 'xla_mpi_ops.cc' "$cmake_tf" || die "build fix: xla_mpi_ops.cc not found in $cmake_tf"
-    sed -i '/xla_mpi_ops\.cc/d' "$cmake_tf"
+    if [ "$xla_fix" = 1 ]; then
+      cmake_tf=$src/horovod/tensorflow/CMakeLists.txt
+      grep -q 'xla_mpi_ops.cc' "$cmake_tf" || die "build fix: xla_mpi_ops.cc not found in $cmake_tf"
+      sed -i '/xla_mpi_ops\.cc/d' "$cmake_tf"
+    fi
     build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
       HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$JOBS")
     if [ "$GPU" = 1 ]; then

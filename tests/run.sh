@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The project's test command (`make test`): install what is missing, then each test tier, then a
-# table of how long every stage took, so that CI's 90-minute budget stays visible.
-# Usage: [VENV=.venv] tests/run.sh
+# The project's test command (`make test`): install both stacks where missing, then each test tier,
+# then a table of how long every stage took, so that CI's 90-minute budget stays visible. The modern
+# stack (VENV) runs every tier; the classic stack (CLASSIC_VENV: TensorFlow 2.15 + Keras 2 with
+# Horovod's own Keras optimizer) runs tests/integration/test_classic.py: the parallel suite at np=2
+# and 3, the default job, and per-step parity with the modern stack.
+# Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] tests/run.sh
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 VENV=${VENV:-$REPO/.venv}
+CLASSIC_VENV=${CLASSIC_VENV:-$REPO/.venv-classic}
 HVD_TRAIN_TIMINGS=$(mktemp)
-export HVD_TRAIN_TIMINGS VENV
+# test_classic.py finds the classic environment here.
+HVD_TRAIN_CLASSIC_VENV=$CLASSIC_VENV
+export HVD_TRAIN_TIMINGS VENV HVD_TRAIN_CLASSIC_VENV
 
 table() {
   local rc=$?
@@ -29,7 +35,10 @@ stage() {
   return "$rc"
 }
 
-stage install bash mpi_scripts/install.sh
+stage install env STACK=modern bash mpi_scripts/install.sh
+stage install-classic env STACK=classic VENV="$CLASSIC_VENV" bash mpi_scripts/install.sh
 stage tests/unit "$VENV/bin/python" -m pytest tests/unit -q -p no:cacheprovider
 stage tests/integration "$VENV/bin/python" -m pytest tests/integration -v -p no:cacheprovider \
-  --durations=0
+  --durations=0 --ignore=tests/integration/test_classic.py
+stage tests/classic "$VENV/bin/python" -m pytest tests/integration/test_classic.py -v \
+  -p no:cacheprovider --durations=0

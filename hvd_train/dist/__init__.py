@@ -1,7 +1,10 @@
 """The seam between hvd_train and Horovod: the only package that imports horovod.
 
 Everything distributed that the rest of the toolkit needs (topology, collectives, the distributed
-optimizer, the start-of-training broadcast) is asked of this package.
+optimizer, the start-of-training broadcast) is asked of this package. It is also the one place that
+knows the software stack (`stack.NAME`: modern = Keras 3, classic = Keras 2 with Horovod's own
+Keras optimizer) and the few Keras facts that differ between them (variable names and values,
+optimizer variables, the current learning rate): the rest of the tree asks, and never branches.
 """
 
 from hvd_train.dist.core import (
@@ -29,7 +32,21 @@ from hvd_train.dist.core import (
     size,
 )
 from hvd_train.dist.layers import SyncBatchNormalization, convert_sync_batchnorm
-from hvd_train.dist.optimizer import DistributedOptimizer, is_distributed
+from hvd_train.dist.optimizer import (
+    DistributedOptimizer,
+    allreduce_count,
+    check_optimizer,
+    is_distributed,
+    traces_collectives,
+)
+from hvd_train.dist.stack import (
+    learning_rate,
+    loss_scale,
+    optimizer_built,
+    optimizer_variables,
+    restore_jit_compile,
+    variable_name,
+)
 from hvd_train.dist.state import average_non_trainable, reduce_metrics_over_ranks
 
 __all__ = [
@@ -41,6 +58,7 @@ __all__ = [
     "allgather",
     "allgather_object",
     "allreduce",
+    "allreduce_count",
     "allreduce_mean",
     "average_non_trainable",
     "barrier",
@@ -49,6 +67,7 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "build_info",
+    "check_optimizer",
     "compute_threads",
     "controller",
     "convert_sync_batchnorm",
@@ -56,9 +75,16 @@ __all__ = [
     "init",
     "is_chief",
     "is_distributed",
+    "learning_rate",
     "local_rank",
     "local_size",
+    "loss_scale",
+    "optimizer_built",
+    "optimizer_variables",
     "rank",
     "reduce_metrics_over_ranks",
+    "restore_jit_compile",
     "size",
+    "traces_collectives",
+    "variable_name",
 ]

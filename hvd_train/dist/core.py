@@ -1,4 +1,4 @@
-"""Process topology and collectives: the toolkit's one door to Horovod (modern stack, Keras 3).
+"""Process topology and collectives: the toolkit's one door to Horovod (both stacks).
 
 Every collective here must be called by every rank, in the same order, with the same names and
 shapes: gate side effects by rank, never collectives, or the job hangs.
@@ -7,6 +7,7 @@ shapes: gate side effects by rank, never collectives, or the job hangs.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvd_train.dist import devices
+from hvd_train.dist import devices, stack
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def init(threads: int | None = None, pin_gpu: bool = True) -> None:
     global _compute_threads
     if hvd.is_initialized() and _compute_threads is not None:
         return
+    _tune_mpi(threads)
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and pin_gpu:
@@ -65,6 +67,22 @@ def init(threads: int | None = None, pin_gpu: bool = True) -> None:
             f"(threads could not be set: {err})"
         ) from err
     _compute_threads = threads
+
+
+# Set before MPI starts, so only from the launcher's environment; a value the user set wins.
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+
+
+def _tune_mpi(threads: int | None) -> None:
+    local_size = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local_size is None or MPI_YIELD in os.environ:
+        return
+    host = devices.host_cpu_count()
+    if threads is None:
+        threads = devices.compute_threads(devices.affinity_cpu_count(), host, int(local_size))
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    if devices.mpi_should_yield(threads, int(local_size), host, gpus):
+        os.environ[MPI_YIELD] = "1"
 
 
 def compute_threads() -> int:
@@ -120,7 +138,7 @@ def allreduce(tensor: Any, op: Any = Average, name: str | None = None) -> tf.Ten
 
 
 def grouped_allreduce(tensors: list[Any], op: Any = Average, **kwargs: Any) -> list[tf.Tensor]:
-    """Reduce several tensors in one fused Horovod operation (same options as `hvd.grouped_allreduce`)."""
+    """Reduce several tensors in one fused Horovod operation (`hvd.grouped_allreduce`'s options)."""
     return hvd.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op=op, **kwargs)
 
 
@@ -198,7 +216,7 @@ def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.variables)
     if optimizer is not None:
-        if not optimizer.built:
+        if not stack.optimizer_built(optimizer):
             optimizer.build(model.trainable_variables)
-        variables += list(optimizer.variables)
+        variables += stack.optimizer_variables(optimizer)
     broadcast_variables(variables, root_rank)

@@ -1,8 +1,9 @@
 """Per-rank device placement: which GPU a rank uses and how many compute threads it runs.
 
 Pure functions (no TensorFlow, no Horovod), unit-tested anywhere; `dist.init` applies them before
-TensorFlow's runtime starts. Ranks on one host share its cores and GPUs: without a split, N TensorFlow
-processes each start one thread per core and contend, and every rank allocates all memory of GPU 0.
+TensorFlow's runtime starts. Ranks on one host share its cores and GPUs: without a split, N
+TensorFlow processes each start one thread per core and contend, and every rank allocates all memory
+of GPU 0.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 
 def affinity_cpu_count() -> int:
-    """CPUs this process may run on: its affinity mask, as set by a launcher's binding or a cpuset."""
+    """CPUs this process may run on: its affinity mask (a launcher's binding, a cpuset)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no mask
@@ -21,14 +22,14 @@ def affinity_cpu_count() -> int:
 
 
 def host_cpu_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """CPUs the host gives this job: the cgroup's cpuset and CPU quota (containers), else all CPUs."""
+    """CPUs the host gives this job: the cgroup's cpuset and CPU quota (containers), else all."""
     cpus = os.cpu_count() or 1
     cpuset = cgroup / "cpuset.cpus.effective"
     if cpuset.is_file() and cpuset.read_text().strip():
         cpus = min(cpus, parse_cpu_list(cpuset.read_text()))
     quota = cgroup / "cpu.max"
     if quota.is_file():
-        limit, period = (quota.read_text().split() + ["100000"])[:2]
+        limit, period = [*quota.read_text().split(), "100000"][:2]
         if limit != "max":
             cpus = min(cpus, max(1, math.ceil(int(limit) / int(period))))
     return cpus
@@ -82,3 +83,16 @@ def gpu_for_local_rank(local_rank: int, num_gpus: int) -> int | None:
     if num_gpus == 0:
         return None
     return local_rank % num_gpus
+
+
+def mpi_should_yield(threads: int, local_size: int, host_cpus: int, gpus: int) -> bool:
+    """Whether Open MPI should yield the core while it waits (`mpi_yield_when_idle`).
+
+    Open MPI busy-polls inside blocking calls, and Horovod's background thread sits in such calls
+    between its negotiation cycles. When the ranks' compute threads already fill every core of the
+    host, that polling takes its core from a compute thread (measured on our 2-core machine: the
+    toolkit's 2-worker CNN ran at a third of its speed). Open MPI turns yielding on by itself only
+    when ranks outnumber slots; this turns it on when the threads leave no core free. With GPUs
+    the compute is elsewhere, and Horovod's and Open MPI's defaults stay.
+    """
+    return gpus == 0 and threads * local_size >= host_cpus

@@ -1,10 +1,14 @@
-"""DistributedOptimizer for Keras 3: Horovod's gradient averaging where Keras 3 actually calls it.
+"""DistributedOptimizer: Horovod's gradient averaging where Keras actually calls it.
+
+On the classic stack (Keras 2) that is Horovod's own `horovod.tensorflow.keras.DistributedOptimizer`
+(`dist/classic.py`); on the modern stack (Keras 3) it is the toolkit's own, below.
 
 Horovod 0.28's `horovod.tensorflow.keras.DistributedOptimizer` does not work on Keras 3: it calls
-`var.ref()`, `keras.backend.get_value` and `optimizer.variables()`, none of which exist there, and it
-allreduces in `get_gradients`/`_compute_gradients`, hooks Keras 3's `fit()` never calls, so gradients
-would silently not be averaged. Keras 3's `train_step` calls `optimizer.apply_gradients`, which calls
-`apply(grads, variables)`; this optimizer averages the raw gradients at the top of `apply`:
+`var.ref()`, `keras.backend.get_value` and `optimizer.variables()`, none of which exist there, and
+it allreduces in `get_gradients`/`_compute_gradients`, hooks Keras 3's `fit()` never calls, so
+gradients would silently not be averaged. Keras 3's `train_step` calls `optimizer.apply_gradients`,
+which calls `apply(grads, variables)`; this optimizer averages the raw gradients at the top of
+`apply`:
 
   apply(grads) -> [accumulate locally k times] -> one grouped allreduce -> Keras's own apply
                   (loss-scale finite check, unscaling, gradient clipping, the update)
@@ -22,6 +26,8 @@ from typing import Any
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
+
+from hvd_train.dist import stack
 
 _classes: dict[type, type] = {}
 
@@ -62,7 +68,8 @@ class _DistributedOptimizer:
 
         def reduce_and_apply() -> tf.Tensor:
             summed = [
-                None if g is None else acc.value for g, acc in zip(grads, self._hvd_accumulators)
+                None if g is None else acc.value
+                for g, acc in zip(grads, self._hvd_accumulators, strict=True)
             ]
             if self._hvd_average_aggregated:
                 summed = [None if g is None else g / self._hvd_passes for g in summed]
@@ -106,7 +113,7 @@ class _DistributedOptimizer:
         return int(self._hvd_allreduce_count.numpy()) if self.built else 0
 
 
-def DistributedOptimizer(  # noqa: N802 -- Horovod's name, so that recipes port unchanged
+def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
     op: Any = hvd.Average,
     compression: Any = hvd.Compression.none,
@@ -114,16 +121,20 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name, so that recipes port 
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
-    """Make a Keras 3 optimizer average its gradients over all ranks before each update.
+    """Make a Keras optimizer average its gradients over all ranks before each update.
 
-    The optimizer is changed in place (its class gains the distributed `apply`) and returned; it
-    keeps its name, config and serialised form, so a saved model loads as the plain optimizer.
-    Under the "mixed_float16" policy it is first wrapped in a LossScaleOptimizer, so that the
-    allreduce sits outside the loss-scale finite check (Keras's compile would otherwise wrap it the
-    other way round and let one rank's overflow skip the collective).
+    Keras 3 (modern): the optimizer is changed in place (its class gains the distributed `apply`)
+    and returned; it keeps its name, config and serialised form, so a saved model loads as the
+    plain optimizer. Under the "mixed_float16" policy it is first wrapped in a LossScaleOptimizer,
+    so that the allreduce sits outside the loss-scale finite check (Keras's compile would otherwise
+    wrap it the other way round and let one rank's overflow skip the collective).
+
+    Keras 2 (classic): Horovod's own DistributedOptimizer is returned, a new optimizer of the same
+    class and config (Horovod's way), with one grouped allreduce per update; under
+    "mixed_float16" inside a LossScaleOptimizer, where Keras 2's order is already the right one.
 
     Args:
-      optimizer: a Keras 3 optimizer, or a LossScaleOptimizer.
+      optimizer: a Keras optimizer, or a LossScaleOptimizer.
       op: `Average` (default) or `Sum`.
       compression: `Compression.none` or `Compression.fp16` (halves the bytes sent).
       gradient_predivide_factor: with Average, divide by this before the sum and by size/this after
@@ -134,7 +145,7 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name, so that recipes port 
         b update like one pass of batch k*b. Horovod's Keras default is the sum (False).
 
     Returns:
-      The same optimizer object, now distributed.
+      The distributed optimizer: the same object (Keras 3), or Horovod's new one (Keras 2).
 
     Raises:
       ValueError: an unsupported op, a non-positive factor or pass count, or an optimizer that is
@@ -148,14 +159,26 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name, so that recipes port 
             f"got {gradient_predivide_factor} with op={op}"
         )
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        raise ValueError(
+            f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
+        )
     if is_distributed(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
-    if optimizer.built:
+    if stack.optimizer_built(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already built: distribute it before use")
-    if (
-        keras.mixed_precision.global_policy().name == "mixed_float16"
-        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    if stack.CLASSIC:
+        from hvd_train.dist import classic
+
+        return classic.distributed_optimizer(
+            optimizer,
+            op,
+            compression,
+            gradient_predivide_factor,
+            backward_passes_per_step,
+            average_aggregated_gradients,
+        )
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not (
+        stack.is_loss_scale_optimizer(optimizer)
     ):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
@@ -176,4 +199,52 @@ def DistributedOptimizer(  # noqa: N802 -- Horovod's name, so that recipes port 
 
 def is_distributed(optimizer: Any) -> bool:
     """True if the optimizer averages gradients over ranks (made by `DistributedOptimizer`)."""
+    if stack.CLASSIC:
+        from hvd_train.dist import classic
+
+        return classic.is_distributed(optimizer)
     return getattr(type(optimizer), "_hvd_distributed", False)
+
+
+def traces_collectives(optimizer: Any) -> bool:
+    """True if a train step with this optimizer contains Horovod ops, which have no XLA kernels.
+
+    The toolkit's optimizer adds none with one worker; Horovod's own (classic stack) always traces
+    its allreduce, inside a condition on the worker count.
+    """
+    if not is_distributed(optimizer):
+        return False
+    return stack.CLASSIC or hvd.size() > 1
+
+
+def allreduce_count(optimizer: Any) -> int:
+    """How many gradient allreduces a distributed optimizer has run (0 with one worker)."""
+    if stack.CLASSIC:
+        from hvd_train.dist import classic
+
+        return classic.allreduce_count(optimizer)
+    return optimizer.allreduce_count
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """Refuse set-ups in which gradients would not be averaged on every rank alike.
+
+    Raises:
+      ValueError: an undistributed optimizer with more than one worker, or (Keras 3) a
+        LossScaleOptimizer wrapped around the distributed optimizer, where one rank's overflow
+        would skip the allreduce the others run. (Keras 2's LossScaleOptimizer computes the
+        gradients through the inner optimizer, allreduce included, before its finite check: that
+        order is right, and `is_distributed` accepts it.)
+    """
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None and is_distributed(inner) and not is_distributed(optimizer):
+        raise ValueError(
+            "the model's LossScaleOptimizer wraps the distributed optimizer: create the "
+            "DistributedOptimizer after setting the mixed_float16 policy (it then wraps the loss "
+            "scaling itself, with the allreduce outside the finite check)"
+        )
+    if hvd.size() > 1 and not is_distributed(optimizer):
+        raise ValueError(
+            f"optimizer {optimizer.name!r} is not distributed: wrap it with "
+            "hvd_train.DistributedOptimizer, or gradients are never averaged over ranks"
+        )

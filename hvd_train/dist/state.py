@@ -18,6 +18,8 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvd_train.dist import stack
+
 
 def _metric_variables(model: Any) -> list[Any]:
     seen: dict[int, Any] = {}
@@ -44,7 +46,7 @@ def reduce_metrics_over_ranks(model: Any) -> None:
         if not tf.executing_eagerly():
             return local_result()
         variables = _metric_variables(self)
-        local = [tf.identity(v.value) for v in variables]
+        local = [stack.value(v) for v in variables]
         summed = hvd.grouped_allreduce(local, op=hvd.Sum, name="hvd_train.metric_states")
         for var, value in zip(variables, summed, strict=True):
             var.assign(value)
@@ -65,11 +67,11 @@ def average_non_trainable(model: Any) -> None:
     if hvd.size() == 1:
         return
     floats = ("float16", "bfloat16", "float32", "float64")
-    variables = [v for v in model.non_trainable_variables if v.dtype in floats]
+    variables = [v for v in model.non_trainable_variables if tf.as_dtype(v.dtype).name in floats]
     if not variables:
         return
     averaged = hvd.grouped_allreduce(
-        [tf.identity(v.value) for v in variables], op=hvd.Average, name="hvd_train.non_trainable"
+        [stack.value(v) for v in variables], op=hvd.Average, name="hvd_train.non_trainable"
     )
     for var, value in zip(variables, averaged, strict=True):
         var.assign(value)

@@ -9,7 +9,9 @@ is killed too, and its existence fails the test.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,3 +103,10 @@ def run(
     assert not timed_out, f"job timed out after {timeout:.0f}s: {argv}\n{job.tail()}"
     assert not left, f"job left {len(left)} process(es) behind (killed): {argv}\n{job.tail()}"
     return job
+
+
+def result_of(job: Job) -> dict:
+    """Rank 0's `hvd-train train` result line (horovodrun prefixes it with "[0]<stdout>:")."""
+    found = re.findall(r"^(?:\[0\]<stdout>:)?result (\{.*\})$", job.output, re.MULTILINE)
+    assert len(found) == 1, job.tail()
+    return json.loads(found[0])

@@ -4,19 +4,12 @@ import json
 import re
 
 import numpy as np
-from jobs import PYTHON, REPO, run
+from jobs import PYTHON, REPO, result_of, run
 
 from hvd_train import launch
 
 CONFIG = str(REPO / "configs" / "digits.yaml")
 HVD_TRAIN = [PYTHON, "-m", "hvd_train.cli"]
-
-
-def result_of(job):
-    """Rank 0's result line (horovodrun prefixes it with "[0]<stdout>:")."""
-    found = re.findall(r"^(?:\[0\]<stdout>:)?result (\{.*\})$", job.output, re.MULTILINE)
-    assert len(found) == 1, job.tail()
-    return json.loads(found[0])
 
 
 def test_default_job_reaches_097_on_two_workers(tmp_path):

@@ -62,7 +62,7 @@ def test_fit_history_is_global_and_every_variable_agrees_at_epoch_end():
         shuffle=False,
     ).history
     histories = dist.allgather_object(history)
-    moving = [v.numpy() for v in model.non_trainable_variables if "moving" in v.path]
+    moving = [v.numpy() for v in model.non_trainable_variables if "moving" in dist.variable_name(v)]
 
     assert all(h == histories[0] for h in histories), "ranks report different metrics"
     assert agree == [0.0, 0.0], "BatchNorm statistics (or weights) differ between ranks"

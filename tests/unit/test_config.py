@@ -164,6 +164,39 @@ def test_shipped_configs_load_and_validate(path, per_rank, global_, epochs):
     assert (REPO / path).read_text().startswith("#")
 
 
+def test_data_sources_and_pipeline_options():
+    cfg = Config().data
+    assert (cfg.kind, cfg.vocab_size, cfg.augment, cfg.cache, cfg.val_path) == (
+        "images",
+        1000,
+        False,
+        True,
+        None,
+    )
+    overrides = [
+        "data.source=tfrecord",
+        "data.path=/data/train-*.tfrecord",
+        "data.val_path=/data/val-*.tfrecord",
+        "data.shape=[32, 32, 3]",
+        "data.augment=true",
+        "data.cache=false",
+    ]
+    data = config.load(None, overrides).data
+    assert (data.source, data.val_path, data.shape, data.augment, data.cache) == (
+        "tfrecord",
+        "/data/val-*.tfrecord",
+        [32, 32, 3],
+        True,
+        False,
+    )
+    tokens = ["data.source=synthetic", "data.kind=tokens", "data.shape=[64]", "data.vocab_size=50"]
+    assert config.load(None, tokens).data.kind == "tokens"
+    for source in ("mnist", "cifar10"):  # no path: Keras's cache
+        assert config.load(None, [f"data.source={source}"]).data.path is None
+    image_dir = ["data.source=image_dir", "data.path=imgs", "data.shape=[24, 24, 1]"]
+    assert config.load(None, image_dir).data.source == "image_dir"
+
+
 def test_synthetic_config_is_32x32x3_in_10_classes():
     cfg = config.load(REPO / "configs/synthetic.yaml")
     assert (cfg.data.source, cfg.data.shape, cfg.data.num_classes) == ("synthetic", [32, 32, 3], 10)
@@ -206,10 +239,51 @@ BAD_YAML = [
     ("model: {params: {1: 2}}\n", "model.params: expected a mapping with string keys, got {1: 2}"),
     ("train: {epochs: 0}\n", "train.epochs: must be >= 1, got 0"),
     (
-        "data: {source: mnist}\n",
-        "data.source: must be one of (digits, synthetic, npz), got 'mnist'",
+        "data: {source: imagenet}\n",
+        "data.source: must be one of (digits, synthetic, npz, mnist, cifar10, tfrecord, "
+        "image_dir), got 'imagenet'",
     ),
     ("data: {source: npz}\n", "data.path: is required when data.source is 'npz', got null"),
+    (
+        "data: {source: tfrecord}\n",
+        "data.path: is required when data.source is 'tfrecord', got null",
+    ),
+    (
+        "data: {source: image_dir, path: ''}\n",
+        "data.path: is required when data.source is 'image_dir', got ''",
+    ),
+    (
+        "data: {source: npz, path: x.npz, val_path: y.npz}\n",
+        "data.val_path: is read only by data.source 'tfrecord' or 'image_dir', got 'y.npz'",
+    ),
+    ("data: {kind: text}\n", "data.kind: must be one of (images, tokens), got 'text'"),
+    (
+        "data: {source: mnist, kind: tokens, shape: [16]}\n",
+        "data.source: must be 'synthetic' for data.kind 'tokens', got 'mnist'",
+    ),
+    (
+        "data: {source: synthetic, kind: tokens}\n",
+        "data.shape: must be [sequence_length] for data.kind 'tokens', got [8, 8, 1]",
+    ),
+    (
+        "data: {source: synthetic, kind: tokens, shape: [8], vocab_size: 5}\n",
+        "data.vocab_size: must be >= data.num_classes (10) for data.kind 'tokens', got 5",
+    ),
+    (
+        "data: {source: synthetic, kind: tokens, shape: [8], augment: true}\n",
+        "data.augment: must be false for data.kind 'tokens' (it augments images), got True",
+    ),
+    ("data: {vocab_size: 1}\n", "data.vocab_size: must be >= 2, got 1"),
+    (
+        "data: {source: image_dir, path: imgs, shape: [32, 32, 4]}\n",
+        "data.shape: must be [height, width, channels] with 1 or 3 channels for image files, got",
+    ),
+    (
+        "data: {source: tfrecord, path: '*.tfrecord', shape: [32, 32]}\n",
+        "data.shape: must be [height, width, channels] with 1 or 3 channels for image files, got",
+    ),
+    ("data: {augment: 1}\n", "data.augment: expected a boolean, got 1"),
+    ("data: {cache: yes please}\n", "data.cache: expected a boolean, got 'yes please'"),
     ("data: {validation_fraction: 1}\n", "data.validation_fraction: must be in (0, 1), got 1.0"),
     (
         "data: {shape: [8, 0, 1]}\n",
@@ -407,3 +481,17 @@ def test_config_does_not_import_tensorflow_or_keras():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_model_file_must_exist(tmp_path):
+    assert Config().model.file is None
+    user_models = tmp_path / "my_models.py"
+    user_models.write_text("")
+    assert config.load(None, [f"model.file={user_models}"]).model.file == str(user_models)
+    missing = tmp_path / "nope.py"
+    for path, problem in ((missing, "does not exist"), (tmp_path, "is not a file")):
+        message = error_of(config.load, None, [f"model.file={path}"])
+        assert message == f"model.file: {str(path)!r} {problem}"
+    assert "model.file: expected a string or null, got 3" in error_of(
+        config.load, write(tmp_path, "model: {file: 3}\n")
+    )

@@ -44,3 +44,16 @@ def test_gpu_for_local_rank():
     assert [devices.gpu_for_local_rank(r, 4) for r in range(6)] == [0, 1, 2, 3, 0, 1]
     with pytest.raises(ValueError, match="-1"):
         devices.gpu_for_local_rank(-1, 2)
+
+
+@pytest.mark.parametrize(
+    ("threads", "local_size", "host", "gpus", "expected"),
+    [
+        (1, 2, 2, 0, True),  # our CI: two 1-thread ranks fill both cores
+        (4, 2, 16, 0, False),  # 8 of 16 cores used: MPI may poll on a free one
+        (8, 2, 16, 0, True),
+        (8, 2, 16, 2, False),  # GPUs: Horovod's and Open MPI's defaults stay
+    ],
+)
+def test_mpi_yields_when_compute_threads_fill_the_host(threads, local_size, host, gpus, expected):
+    assert devices.mpi_should_yield(threads, local_size, host, gpus) is expected

@@ -85,11 +85,12 @@ def test_sbatch_without_an_allocation_says_so(tmp_path):
 
 
 # Stand-ins: srun logs its arguments and, on USR1, either exits (a program that saves and stops)
-# or ignores it (a program that hangs); scontrol logs its arguments.
+# or ignores it (a program that hangs, until the batch script that started it is gone: a test
+# leaves nothing running); scontrol logs its arguments.
 FAKE_SRUN = """#!/usr/bin/env bash
 echo "srun $*" >>"$LOG/log"
 trap 'echo "srun USR1" >>"$LOG/log"; [ "$ON_USR1" = exit ] && exit 0' USR1
-while :; do sleep 0.1; done
+while kill -0 "$PPID" 2>/dev/null; do sleep 0.1; done
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
 echo "scontrol $*" >>"$LOG/log"
@@ -156,4 +157,31 @@ def test_dockerfile_sets_only_what_the_installer_reads():
         assert re.search(rf"\b{name}=", dockerfile), f"the Dockerfile does not set {name}"
     assert "bash mpi_scripts/install.sh" in dockerfile
     ignored = (REPO / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "runs"} <= set(ignored)
+    assert {".git", ".venv", ".venv-classic", "runs"} <= set(ignored)
+
+
+@pytest.mark.parametrize(
+    ("stack", "stamp", "message"),
+    [
+        ("legacy", None, "unknown STACK=legacy (known: modern, classic)"),
+        ("classic", "modern", "holds the modern stack, not classic: choose another VENV"),
+        ("modern", "classic", "holds the classic stack, not modern: choose another VENV"),
+    ],
+)
+def test_installer_refuses_an_unknown_stack_or_another_stacks_venv(tmp_path, stack, stamp, message):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    if stamp:
+        (venv / ".hvd_train-stack").write_text(f"{stamp}\n")
+    env = {**os.environ, "STACK": stack, "VENV": str(venv)}
+    env.pop("HVD_TRAIN_TIMINGS", None)
+    out = subprocess.run(
+        ["bash", str(REPO / "mpi_scripts" / "install.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Refused before it installs anything: no step has started.
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    assert "[install" not in out.stdout
