@@ -67,7 +67,11 @@ def allreduce(np: int, mib: list[int], out_dir: Path, env: dict[str, str] | None
     """Allreduce bandwidth of Horovod, mpi4py and the reference ring under mpirun."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        _launch(np, _python_module("allreduce", "--out", str(out), "--mib", *map(str, mib)), env)
+        args = ["--out", str(out), "--mib", *map(str, mib), "--timeline", tmp]
+        # DYNAMIC: Horovod records its timeline only around the largest size's allreduces.
+        _launch(
+            np, _python_module("allreduce", *args), {"HOROVOD_TIMELINE": "DYNAMIC", **(env or {})}
+        )
         result = json.loads(out.read_text())
     _write(out_dir, "allreduce", result)
     plt = _pyplot()
@@ -92,6 +96,8 @@ def allreduce(np: int, mib: list[int], out_dir: Path, env: dict[str, str] | None
             f"{row['method']:<20} {row['MiB']:>5} MiB  {row['ms_median']:9.2f} ms  "
             f"busbw {row['busbw_GBps']:.3f} GB/s"
         )
+    for activity, ms in result.get("timeline_ms_per_allreduce", {}).items():
+        print(f"horovod timeline at {result['timeline_MiB']} MiB: {activity} {ms:.2f} ms")
     return result
 
 
