@@ -19,8 +19,19 @@ def fit(model, optimizer, x, y, batch, steps, distributed):
     return model
 
 
-def global_ids():
-    return np.arange(STEPS * dist.size() * PER_RANK)
+def distributed(model, x, y, lr):
+    """STEPS updates on this rank's blocks of (x, y), gradients averaged over ranks."""
+    ids = rank_blocks(STEPS)
+    optimizer = hvd_train.DistributedOptimizer(keras.optimizers.SGD(lr))
+    return fit(model, optimizer, x[ids], y[ids], PER_RANK, STEPS, True)
+
+
+def one_process(model, x, y, lr):
+    """The reference: STEPS updates of one process with the global batch, no Horovod."""
+    ids = np.arange(STEPS * dist.size() * PER_RANK)
+    return fit(
+        model, keras.optimizers.SGD(lr), x[ids], y[ids], dist.size() * PER_RANK, STEPS, False
+    )
 
 
 def bn_mlp(seed):
@@ -33,39 +44,13 @@ def bn_mlp(seed):
 
 
 def test_sync_batchnorm_trains_like_one_process_with_the_global_batch():
-    ids, n = rank_blocks(STEPS), dist.size()
+    n = dist.size()
     initial = bn_mlp(0).get_weights()
     sync = dist.convert_sync_batchnorm(bn_mlp(rank_seed()))
     sync.set_weights(initial)
-    sync = fit(
-        sync,
-        hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.5)),
-        DIGITS_X[ids],
-        DIGITS_Y[ids],
-        PER_RANK,
-        STEPS,
-        True,
-    )
-    plain = bn_mlp(0)
-    plain = fit(
-        plain,
-        hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.5)),
-        DIGITS_X[ids],
-        DIGITS_Y[ids],
-        PER_RANK,
-        STEPS,
-        True,
-    )
-    ref_ids = global_ids()
-    reference = fit(
-        bn_mlp(0),
-        keras.optimizers.SGD(0.5),
-        DIGITS_X[ref_ids],
-        DIGITS_Y[ref_ids],
-        n * PER_RANK,
-        STEPS,
-        False,
-    )
+    sync = distributed(sync, DIGITS_X, DIGITS_Y, 0.5)
+    plain = distributed(bn_mlp(0), DIGITS_X, DIGITS_Y, 0.5)
+    reference = one_process(bn_mlp(0), DIGITS_X, DIGITS_Y, 0.5)
     got, expected = weights(sync), weights(reference)  # includes the moving statistics
     spread = spread_over_ranks(got)
 
@@ -78,28 +63,10 @@ def test_sync_batchnorm_trains_like_one_process_with_the_global_batch():
 
 @pytest.mark.parametrize(("policy", "tolerance"), [("mixed_float16", 2e-3)])
 def test_mixed_precision_trains_like_one_process_with_the_global_batch(policy, tolerance):
-    ids, n = rank_blocks(STEPS), dist.size()
     keras.mixed_precision.set_global_policy(policy)
     try:
-        model = fit(
-            mlp(rank_seed()),
-            hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.5)),
-            DIGITS_X[ids],
-            DIGITS_Y[ids],
-            PER_RANK,
-            STEPS,
-            True,
-        )
-        ref_ids = global_ids()
-        reference = fit(
-            mlp(0),
-            keras.optimizers.SGD(0.5),
-            DIGITS_X[ref_ids],
-            DIGITS_Y[ref_ids],
-            n * PER_RANK,
-            STEPS,
-            False,
-        )
+        model = distributed(mlp(rank_seed()), DIGITS_X, DIGITS_Y, 0.5)
+        reference = one_process(mlp(0), DIGITS_X, DIGITS_Y, 0.5)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     got, expected = weights(model), weights(reference)
@@ -120,27 +87,8 @@ def embedding_model(seed):
 
 
 def test_sparse_embedding_gradients_are_averaged():
-    n = dist.size()
     tokens = (DIGITS_X[:, :6] * 16).astype("int32") + DIGITS_Y[:, None]  # ids in [0, 26)
-    ids = rank_blocks(STEPS)
-    model = fit(
-        embedding_model(rank_seed()),
-        hvd_train.DistributedOptimizer(keras.optimizers.SGD(1.0)),
-        tokens[ids],
-        DIGITS_Y[ids],
-        PER_RANK,
-        STEPS,
-        True,
-    )
-    ref_ids = global_ids()
-    reference = fit(
-        embedding_model(0),
-        keras.optimizers.SGD(1.0),
-        tokens[ref_ids],
-        DIGITS_Y[ref_ids],
-        n * PER_RANK,
-        STEPS,
-        False,
-    )
+    model = distributed(embedding_model(rank_seed()), tokens, DIGITS_Y, 1.0)
+    reference = one_process(embedding_model(0), tokens, DIGITS_Y, 1.0)
     assert max_abs_diff(weights(model), weights(reference)) < 1e-6
     assert max_abs_diff(weights(reference), weights(embedding_model(0))) > 1e-2
