@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 LAUNCHER ?= mpirun
 
-.PHONY: help install train example test test-unit test-parallel bench plan lint format doctor
+.PHONY: help install train example test test-unit test-parallel bench plan lint format doctor nccl-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -43,6 +43,9 @@ plan: ## the cost model: predicted scaling at 8..1024 workers against published 
 
 doctor: ## versions, the Horovod build, and what is wrong
 	$(VENV)/bin/hvd-train doctor
+
+nccl-check: ## compile Horovod's NCCL ops with this nvcc and the nvidia-nccl wheel (no GPU; ~2-4 min)
+	VENV=$(VENV) bash mpi_scripts/check_nccl_build.sh
 
 lint: ## ruff (lint + format check), shellcheck and hadolint, as CI runs them
 	$(VENV)/bin/ruff check .

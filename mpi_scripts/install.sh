@@ -28,12 +28,15 @@ EOF
 case "${1:-}" in -h | --help) usage; exit 0 ;; "") ;; *) usage >&2; exit 2 ;; esac
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# HOROVOD_VERSION, HOROVOD_BUILD_ENV and the helpers horovod_*, shared with check_nccl_build.sh
+# (shellcheck lints that file on its own: not followed here, so that this one lints alone).
+# shellcheck source=/dev/null
+source "$REPO/mpi_scripts/horovod_build.sh"
 STACK=${STACK:-}
 PYTHON=${PYTHON:-python3}
 GPU=${GPU:-auto}
 HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
 JOBS=${JOBS:-$(nproc)}
-HOROVOD_VERSION=0.28.1
 # Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
 BUILD_RECIPE=r1
 
@@ -141,9 +144,8 @@ else
     mkdir -p "$HVD_TRAIN_CACHE"
     work=$(mktemp -d "$HVD_TRAIN_CACHE/build.XXXXXX")
     trap 'rm -rf "$work"' EXIT
-    "$PY" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir \
-      -d "$work" "horovod==$HOROVOD_VERSION"
-    tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
+    sdist=$(horovod_sdist "$PY" "$HVD_TRAIN_CACHE") || die "could not download Horovod's source"
+    tar -xzf "$sdist" -C "$work"
     src=$work/horovod-$HOROVOD_VERSION
     # Build fix for TensorFlow >= 2.16: xla_mpi_ops.cc includes headers TensorFlow's wheel no longer
     # ships (e.g. highwayhash/arch_specific.h), so the build fails on that one file. Its XLA ops are
@@ -154,17 +156,16 @@ else
       grep -q 'xla_mpi_ops.cc' "$cmake_tf" || die "build fix: xla_mpi_ops.cc not found in $cmake_tf"
       sed -i '/xla_mpi_ops\.cc/d' "$cmake_tf"
     fi
-    build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
-      HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$JOBS")
+    build_env=("${HOROVOD_BUILD_ENV[@]}" MAKEFLAGS="-j$JOBS")
     if [ "$GPU" = 1 ]; then
-      # NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs; its library has
-      # only the versioned name, which Horovod's FindNCCL does not look for.
-      nccl=$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))') ||
-        die "GPU=1 but the nvidia-nccl wheel is not in $VENV"
-      [ -e "$nccl/lib/libnccl.so" ] || ln -s libnccl.so.2 "$nccl/lib/libnccl.so"
-      build_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_INCLUDE="$nccl/include"
-        HOROVOD_NCCL_LIB="$nccl/lib" HOROVOD_NCCL_LINK=SHARED
-        HOROVOD_CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}")
+      # NCCL comes from the nvidia-nccl wheel that tensorflow[and-cuda] installs. Found through
+      # horovod_build.sh, which `make nccl-check` (check_nccl_build.sh) compiles with on a machine
+      # without a GPU: its lookup works for the nvidia-nccl-cu13 wheel too (a namespace package,
+      # whose __file__ is None), and the toolkit is the one nvcc belongs to, not only /usr/local/cuda.
+      nccl=$(horovod_nccl_dir "$PY") || die "GPU=1 but the nvidia-nccl wheel is not in $VENV"
+      cuda=$(horovod_cuda_home) || die "GPU=1 but no nvcc (CUDA_HOME, PATH, /usr/local/cuda*)"
+      horovod_gpu_env "$nccl" "$cuda"
+      build_env+=("${HOROVOD_GPU_ENV[@]}")
     fi
     env "${build_env[@]}" "$PY" -m pip wheel --no-deps --no-build-isolation --no-cache-dir \
       -w "$work/out" "$src" >"$HVD_TRAIN_CACHE/build-$key.log" 2>&1 ||
