@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import keras
+import numpy as np
 
-from hvd_train import checkpoint, dist
+from hvd_train import checkpoint, dist, faults
 
 log = logging.getLogger("hvd_train")
 
@@ -121,6 +123,18 @@ class CheckpointWriter(keras.callbacks.Callback):
         improves = value is not None and self._improves(value)
         if improves:
             self.best = {"epoch": epoch, "value": value, "monitor": self.monitor}
+        path = self.write(epoch, 0, logs)
+        if improves:
+            checkpoint.copy_as_best(self.directory, path)
+        elif value is None and not self._warned:
+            self._warned = True
+            log.warning(
+                "checkpoint monitor %r is not among the metrics %s", self.monitor, sorted(logs)
+            )
+
+    def write(self, epoch: int, step_in_epoch: int, logs: dict[str, float] | None = None) -> Path:
+        """Write the model and optimizer now: after `epoch` (0-based), or after `step_in_epoch`
+        steps of it; then prune. Returns the checkpoint's directory."""
         optimizer = self.model.optimizer
         path = checkpoint.write(
             self.directory,
@@ -130,21 +144,16 @@ class CheckpointWriter(keras.callbacks.Callback):
             {
                 **self.meta,
                 "step": int(optimizer.iterations.numpy()),
-                "metrics": logs,
+                "metrics": logs or {},
                 "best": self.best,
                 "model_variables": [
                     [dist.variable_name(v), list(v.shape)] for v in self.model.variables
                 ],
             },
+            step_in_epoch=step_in_epoch,
         )
-        if improves:
-            checkpoint.copy_as_best(self.directory, path)
-        elif value is None and not self._warned:
-            self._warned = True
-            log.warning(
-                "checkpoint monitor %r is not among the metrics %s", self.monitor, sorted(logs)
-            )
         checkpoint.prune(self.directory, self.keep_last)
+        return path
 
 
 class JsonMetrics(keras.callbacks.Callback):
@@ -170,3 +179,133 @@ class JsonMetrics(keras.callbacks.Callback):
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text(json.dumps(self.records, indent=1))
         tmp.replace(self.path)
+
+
+# --- faults: stop at an agreed step, checkpoints inside epochs, watchdog, divergence ------------
+
+
+class Preempted(Exception):
+    """Raised out of fit() on every rank after the same step, once a stop signal was agreed."""
+
+    def __init__(self, epoch: int, step_in_epoch: int, signal_name: str | None) -> None:
+        super().__init__(f"stopped at epoch {epoch + 1}, step {step_in_epoch}")
+        self.epoch, self.step_in_epoch, self.signal_name = epoch, step_in_epoch, signal_name
+
+
+class _InEpoch(keras.callbacks.Callback):
+    """Knows the epoch and the step inside it, also in a fit() that resumes mid-epoch (`offset`:
+    the steps of the first epoch done before this fit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch, self.offset = 0, 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        if epoch != self.epoch:
+            self.offset = 0  # only the fit's first epoch is partial
+        self.epoch = epoch
+
+    def start_at(self, epoch: int, step_in_epoch: int) -> None:
+        self.epoch, self.offset = epoch, step_in_epoch
+
+    def step_in_epoch(self, batch: int) -> int:
+        return self.offset + batch + 1
+
+
+class StopAtAgreedStep(_InEpoch):
+    """Stops training on every rank after the same step once any rank got a stop signal.
+
+    On every rank. The request goes out with the rank's next gradient allreduce and comes back
+    summed (`dist.request_stop`, `dist.stop_agreed`); then `Preempted` is raised out of fit()
+    everywhere, before validation (a preempted job has seconds, not an epoch).
+    """
+
+    def __init__(self, stop: Any) -> None:
+        super().__init__()
+        self.stop = stop
+        self._sent = False
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self.stop.requested and not self._sent:
+            dist.request_stop(self.model.optimizer)
+            self._sent = True
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # With one worker only this rank can ask; with more, any rank may have.
+        if (self._sent or dist.size() > 1) and dist.stop_agreed(self.model.optimizer):
+            raise Preempted(self.epoch, self.step_in_epoch(batch), self.stop.signal_name)
+
+
+class StepCheckpoint(_InEpoch):
+    """A checkpoint every `every` steps inside epochs (bounds the work a dead rank loses).
+
+    On every rank: BatchNorm statistics are averaged first (a collective); `write(epoch, step)`
+    is rank 0's writer (None elsewhere).
+    """
+
+    def __init__(self, every: int, steps_per_epoch: int, write: Any) -> None:
+        super().__init__()
+        self.every, self.steps_per_epoch, self.write = every, steps_per_epoch, write
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        step = self.step_in_epoch(batch)
+        if step % self.every or step == self.steps_per_epoch:  # the epoch's end has its own
+            return
+        dist.average_non_trainable(self.model)
+        if self.write is not None:
+            self.write(self.epoch, step)
+
+
+class FeedWatchdog(keras.callbacks.Callback):
+    """Tells the watchdog (`hvd_train.faults.Watchdog`) of every finished batch and phase."""
+
+    def __init__(self, watchdog: Any) -> None:
+        super().__init__()
+        self.watchdog = watchdog
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.watchdog.phase("train")
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.watchdog.step_done()
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self.watchdog.phase("test")
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.watchdog.step_done()
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self.watchdog.phase("train")
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 of the trainable variables' bytes, in order: equal on ranks that train alike
+    (BatchNorm statistics differ between their averagings, so they are left out)."""
+    digest = hashlib.sha256()
+    for variable in model.trainable_variables:
+        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+    return digest.hexdigest()
+
+
+class CheckWeights(keras.callbacks.Callback):
+    """Every `every` steps, compare the weights' digest over ranks; raise `faults.Diverged` naming
+    the ranks that differ from rank 0. On every rank (it runs a collective)."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.every = every
+        self._steps = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._steps += 1
+        if self._steps % self.every:
+            return
+        digests = dist.allgather_object(weights_digest(self.model), name="hvd_train.weights")
+        differ = [r for r, d in enumerate(digests) if d != digests[0]]
+        if differ:
+            names = ", ".join(map(str, differ))
+            raise faults.Diverged(
+                f"weights diverged after {self._steps} steps of this launch: rank(s) {names} "
+                f"differ from rank 0 (sha256 {digests[differ[0]][:12]} vs {digests[0][:12]})"
+            )

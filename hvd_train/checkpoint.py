@@ -6,6 +6,10 @@ Layout of a run directory's checkpoints:
     checkpoints/epoch-0003/meta.json      epoch, optimizer step, metrics, data-order seed, config,
                                           variable names and shapes
     checkpoints/epoch-0003/manifest.json  size and sha256 of the two files above
+    checkpoints/epoch-0004-step-000120/   inside epoch 4 (0-based) after its first 120 steps:
+                                          written on a preemption stop or every
+                                          `checkpoint.every_steps`; meta "epoch" is 3 (the last
+                                          finished epoch) and "epoch_step" 120
     checkpoints/best/                     a copy of the epoch whose monitored metric was best
 A checkpoint is written into a temporary sibling directory, every file fsynced, then renamed into
 place (and the parent fsynced): a crash leaves either the old set or the new one, never a half
@@ -34,7 +38,7 @@ from hvd_train.errors import UserError
 STATE = "state.npz"
 META = "meta.json"
 MANIFEST = "manifest.json"
-_EPOCH_DIR = re.compile(r"^epoch-(\d{4,})$")
+_EPOCH_DIR = re.compile(r"^epoch-(\d{4,})(?:-step-(\d{6,}))?$")
 
 
 class CheckpointError(UserError):
@@ -72,8 +76,19 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def epoch_dir_name(epoch: int) -> str:
+def epoch_dir_name(epoch: int, step_in_epoch: int = 0) -> str:
+    if step_in_epoch:
+        return f"epoch-{epoch:04d}-step-{step_in_epoch:06d}"
     return f"epoch-{epoch:04d}"
+
+
+def position(path: Path) -> tuple[int, int]:
+    """(epochs finished, steps into the next epoch) of a checkpoint directory, from its name."""
+    match = _EPOCH_DIR.match(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not a checkpoint directory name")
+    epoch, step = int(match.group(1)), int(match.group(2) or 0)
+    return (epoch, step) if step else (epoch + 1, 0)
 
 
 def write(
@@ -82,14 +97,23 @@ def write(
     model_values: list[np.ndarray],
     optimizer_values: list[np.ndarray],
     meta: dict[str, Any],
+    step_in_epoch: int = 0,
 ) -> Path:
-    """Write the checkpoint of a finished epoch (0-based) atomically; returns its directory.
+    """Write a checkpoint atomically; returns its directory.
+
+    Args:
+      directory: the run's checkpoint directory.
+      epoch: 0-based; the epoch just finished, or with `step_in_epoch` the epoch in progress.
+      model_values, optimizer_values: the variables' values, in the model's and optimizer's order.
+      meta: saved as meta.json, with "epoch" (the last finished epoch, -1 for none) and
+        "epoch_step" (steps done of the next one) set here.
+      step_in_epoch: steps of `epoch` done (0: the epoch is finished).
 
     Raises:
-      CheckpointError: a checkpoint of that epoch already exists (never overwritten).
+      CheckpointError: a checkpoint of that position already exists (never overwritten).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / epoch_dir_name(epoch)
+    final = directory / epoch_dir_name(epoch, step_in_epoch)
     if final.exists():
         raise CheckpointError(f"checkpoint {final} already exists; refusing to overwrite it")
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"
@@ -101,7 +125,14 @@ def write(
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
-    _write_file(tmp / META, json.dumps({**meta, "epoch": epoch}, indent=1, sort_keys=True).encode())
+    _write_file(
+        tmp / META,
+        json.dumps(
+            {**meta, "epoch": epoch - 1 if step_in_epoch else epoch, "epoch_step": step_in_epoch},
+            indent=1,
+            sort_keys=True,
+        ).encode(),
+    )
     manifest = {
         name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
         for name in (STATE, META)
@@ -157,11 +188,11 @@ def load(path: Path) -> Checkpoint:
 
 
 def epochs_on_disk(directory: Path) -> list[Path]:
-    """Complete epoch checkpoints (final names only), oldest first."""
+    """Complete checkpoints (final names only), oldest first (by training position)."""
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if p.is_dir() and _EPOCH_DIR.match(p.name)]
-    return sorted(found, key=lambda p: int(_EPOCH_DIR.match(p.name).group(1)))
+    return sorted(found, key=position)
 
 
 def newest_valid(directory: Path) -> tuple[Checkpoint | None, list[CheckpointError]]:
@@ -186,7 +217,7 @@ def set_aside(path: Path) -> Path:
 
 
 def prune(directory: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` epoch checkpoints; returns what was deleted."""
+    """Delete all but the newest `keep_last` checkpoints; returns what was deleted."""
     old = epochs_on_disk(directory)[:-keep_last]
     for path in old:
         shutil.rmtree(path)

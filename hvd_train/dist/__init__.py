@@ -48,6 +48,7 @@ from hvd_train.dist.stack import (
     variable_name,
 )
 from hvd_train.dist.state import average_non_trainable, reduce_metrics_over_ranks
+from hvd_train.dist.stop import request_stop, stop_agreed
 
 __all__ = [
     "Average",
@@ -83,8 +84,10 @@ __all__ = [
     "optimizer_variables",
     "rank",
     "reduce_metrics_over_ranks",
+    "request_stop",
     "restore_jit_compile",
     "size",
+    "stop_agreed",
     "traces_collectives",
     "variable_name",
 ]

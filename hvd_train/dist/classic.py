@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 
 from hvd_train.dist import stack
+from hvd_train.dist import stop as stop_flags
 
 
 @keras.saving.register_keras_serializable(package="hvd_train")
@@ -90,7 +91,8 @@ def distributed_optimizer(
         # and helps where they are many.
         groups=1,
     )
-    _count_allreduces(distributed)
+    flags = stop_flags.attach(distributed)
+    _count_allreduces(distributed, flags)
     schedule = distributed._learning_rate
     if backward_passes_per_step > 1 and isinstance(
         schedule, keras.optimizers.schedules.LearningRateSchedule
@@ -102,10 +104,11 @@ def distributed_optimizer(
     return distributed
 
 
-def _count_allreduces(optimizer: Any) -> None:
+def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
     """Count the runs of the optimizer's gradient allreduce in a variable (shows accumulation is
-    local: one allreduce per update). Horovod calls `_allreduce_grads` directly, or through its
-    accumulation helper on every k-th batch; both are wrapped. None run with one worker."""
+    local: one allreduce per update), and send the stop flag with the gradients (dist/stop.py).
+    Horovod calls `_allreduce_grads` directly, or through its accumulation helper on every k-th
+    batch; both are wrapped. None run with one worker."""
     count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_allreduce_count")
     object.__setattr__(optimizer, "_hvd_train_allreduce_count", count)
     if hvd.size() == 1:
@@ -113,9 +116,17 @@ def _count_allreduces(optimizer: Any) -> None:
     reduce = optimizer._allreduce_grads
 
     def counted(grads: Any, variables: Any = None, use_generic_names: bool = False) -> Any:
+        grads = list(grads)
+        sent = [g for g in grads if g is not None]
+        flagged = bool(sent) and variables is not None
+        if flagged:
+            # Horovod's function pairs gradients with variables (names, groups): the flag goes
+            # with its own variable.
+            grads.append(stop_flags.with_flag(sent, flags)[-1])
+            variables = [*variables, flags.local]
         out = reduce(grads, variables, use_generic_names)
         count.assign_add(1)
-        return out
+        return stop_flags.without_flag(out, flags, len(out) - 1) if flagged else out
 
     optimizer._allreduce_grads = counted
     if optimizer._agg_helper is not None:

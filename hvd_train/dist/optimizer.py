@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from hvd_train.dist import stack
+from hvd_train.dist import stop as stop_flags
 
 _classes: dict[type, type] = {}
 
@@ -93,14 +94,17 @@ class _DistributedOptimizer:
         # Embedding gradients arrive as IndexedSlices; densified, they join the one fused allreduce
         # (Horovod would otherwise allgather them, one collective each).
         tensors = [tf.convert_to_tensor(grads[i]) for i in present]
+        # The stop flag travels with the gradients: see dist/stop.py.
+        flags = stop_flags.flags_of(self)
         reduced = hvd.grouped_allreduce(
-            tensors,
+            stop_flags.with_flag(tensors, flags),
             op=self._hvd_op,
             compression=self._hvd_compression,
             prescale_factor=1.0 / self._hvd_predivide,
             # Horovod's Average divides by size after this postscale: together, a mean.
             postscale_factor=self._hvd_predivide,
         )
+        reduced = stop_flags.without_flag(reduced, flags, len(tensors))
         self._hvd_allreduce_count.assign_add(1)
         out = list(grads)
         for i, tensor in zip(present, reduced, strict=True):
@@ -194,6 +198,7 @@ def DistributedOptimizer(
     optimizer._hvd_predivide = float(gradient_predivide_factor)
     optimizer._hvd_passes = backward_passes_per_step
     optimizer._hvd_average_aggregated = average_aggregated_gradients
+    stop_flags.attach(optimizer)
     return optimizer
 
 

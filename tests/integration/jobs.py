@@ -15,8 +15,10 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ class Job:
     returncode: int
     output: str
     seconds: float
+    during: object = None  # what run(during=...) returned or raised
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.output.splitlines()[-lines:])
@@ -51,6 +54,36 @@ def tagged_pids(tag: str) -> list[int]:
     return pids
 
 
+def rank_pid(tag: str, rank: int) -> int | None:
+    """PID of the `hvd-train train` process of `rank` in the job tagged `tag` (mpirun or
+    horovodrun), or None while it has not started."""
+    wanted = {f"OMPI_COMM_WORLD_RANK={rank}".encode(), f"HOROVOD_RANK={rank}".encode()}
+    for pid in tagged_pids(tag):
+        try:
+            environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if b"hvd_train.cli" in cmdline and b"train" in cmdline and environ & wanted:
+            return pid
+    return None
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> object:
+    """Poll `condition` until it returns something true; its value.
+
+    Raises:
+      AssertionError: `what` did not happen within `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
 def _kill(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -58,9 +91,17 @@ def _kill(pids: list[int]) -> None:
 
 
 def run(
-    argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO
+    argv: list[str],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    during: Callable[[subprocess.Popen, str], object] | None = None,
 ) -> Job:
     """Run a job to completion or `timeout` seconds.
+
+    Args:
+      during: called in a thread while the job runs, with the launcher's process and the job's
+        tag (to signal ranks: `rank_pid`); what it returns or raises is in `Job.during`.
 
     Raises:
       AssertionError: the job timed out, or processes of it outlived it (both are killed first).
@@ -86,6 +127,16 @@ def run(
         text=True,
         start_new_session=True,
     )
+    outcome: list[object] = []
+    if during is not None:
+
+        def act() -> None:
+            try:
+                outcome.append(during(proc, tag))
+            except BaseException as err:  # reported by the test through Job.during
+                outcome.append(err)
+
+        threading.Thread(target=act, daemon=True).start()
     timed_out = False
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -95,6 +146,7 @@ def run(
         _kill(tagged_pids(tag))
         output, _ = proc.communicate()
     job = Job(argv, proc.returncode, output, time.monotonic() - start)
+    job.during = outcome[0] if outcome else None
     # Ranks exit shortly after their launcher; anything tagged still alive after that is a leak.
     deadline = time.monotonic() + 15
     while (left := tagged_pids(tag)) and time.monotonic() < deadline:

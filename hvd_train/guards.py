@@ -1,0 +1,59 @@
+"""Consistency guards: ranks that were started differently fail at once, by name.
+
+Ranks launched with different configs (a stale file on one host, an `--set` given to some
+processes of an MPMD launch), different software, or models of different shapes would otherwise
+train nonsense or hang in a collective of mismatched sizes. At start every rank sends a fingerprint
+of each; every rank compares them with rank 0's and raises the same error naming the ranks that
+differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from hvd_train.errors import UserError
+
+
+class InconsistentRanks(UserError):
+    """Ranks whose config, software or model differ from rank 0's (one line)."""
+
+
+def digest(value: Any) -> str:
+    """A short sha256 of a JSON-serialisable value (keys sorted)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(config: dict[str, Any], versions: dict[str, Any], shapes: list[Any]) -> dict:
+    """What must be equal on every rank: the resolved config, the versions, the variable shapes."""
+    return {
+        "config": digest(config),
+        "versions": versions,
+        "model variable shapes": digest(shapes),
+    }
+
+
+HINTS = {
+    "config": "start every rank with the same config file and --set options",
+    "versions": "install the same TensorFlow, Keras, Horovod and hvd_train on every host",
+    "model variable shapes": "every rank must build the same model from the same input shape",
+}
+
+
+def compare(prints: list[dict]) -> None:
+    """Check every rank's fingerprint against rank 0's.
+
+    Raises:
+      InconsistentRanks: the first item that differs, the ranks with it, and what to do.
+    """
+    for item in prints[0]:
+        differ = [r for r, p in enumerate(prints) if p.get(item) != prints[0][item]]
+        if differ:
+            shown = ", ".join(str(r) for r in differ)
+            theirs, ours = prints[differ[0]].get(item), prints[0][item]
+            raise InconsistentRanks(
+                f"rank(s) {shown} differ from rank 0 in their {item} ({theirs} vs {ours}): "
+                f"{HINTS[item]}"
+            )

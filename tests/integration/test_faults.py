@@ -1,0 +1,195 @@
+"""Dead, frozen, preempted and inconsistent workers, under real launchers.
+
+Every job runs under `jobs.run` (a hard timeout, its own process group, leftovers fail the test).
+A rank is signalled once the run has written its first checkpoint inside an epoch
+(`checkpoint.every_steps`), so the fault lands mid-epoch, with work behind it to lose or keep.
+"""
+
+import json
+import os
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+from jobs import PYTHON, REPO, rank_pid, result_of, run, wait_for
+
+from hvd_train import checkpoint, launch
+from hvd_train.faults import EXIT_PREEMPTED, EXIT_STALLED
+
+CONFIG = str(REPO / "configs" / "digits.yaml")
+HVD_TRAIN = [PYTHON, "-m", "hvd_train.cli"]
+# Small batches: 89 steps per epoch on 2 ranks, so a signal lands well inside an epoch.
+TRAIN = [
+    "train",
+    "--config",
+    CONFIG,
+    "--set",
+    "train.epochs=3",
+    "--set",
+    "train.per_rank_batch_size=8",
+    "--set",
+    "train.deterministic=true",
+    "--set",
+    "checkpoint.every_steps=20",
+    "--set",
+    "checkpoint.keep_last=20",
+    "--set",
+    "logging.tensorboard=false",
+]
+# Seconds from a rank's death or freeze to the job's exit that the README promises (fault.*
+# below: a 4 s stall floor and 0.5 s heartbeats; MPI and horovodrun end the rest at once).
+BOUND_S = 30
+
+
+def first_step_checkpoint(run_dir):
+    """The path of the first checkpoint inside epoch 2 (the fault then hits epoch 2)."""
+    return lambda: next(iter((run_dir / "checkpoints").glob("epoch-0001-step-*")), None)
+
+
+def signal_rank(run_dir, rank, signum):
+    """A `during` action: wait for epoch 2's first step checkpoint, then signal one rank."""
+
+    def act(proc, tag):
+        wait_for(first_step_checkpoint(run_dir), 240, "a checkpoint inside epoch 2")
+        pid = wait_for(lambda: rank_pid(tag, rank), 30, f"rank {rank}'s process")
+        os.kill(pid, signum)
+        return time.monotonic()
+
+    return act
+
+
+def signal_launcher(run_dir, signum):
+    def act(proc, tag):
+        wait_for(first_step_checkpoint(run_dir), 240, "a checkpoint inside epoch 2")
+        proc.send_signal(signum)
+        return time.monotonic()
+
+    return act
+
+
+def launch_train(launcher, run_dir, *extra, during=None, timeout=400):
+    argv = [*HVD_TRAIN, "launch", "--np", "2", "--launcher", launcher, "--", *TRAIN]
+    argv += ["--set", f"run_dir={run_dir}", *extra]
+    return run(argv, timeout=timeout, during=during)
+
+
+def all_verify(run_dir):
+    for path in checkpoint.epochs_on_disk(run_dir / "checkpoints"):
+        checkpoint.verify(path)
+
+
+def same_state(a, b):
+    with np.load(a / "state.npz") as x, np.load(b / "state.npz") as y:
+        assert x.files == y.files
+        for key in x.files:
+            assert x[key].tobytes() == y[key].tobytes(), f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted run the interrupted ones must equal, bit for bit."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    job = launch_train("mpirun", run_dir)
+    assert job.returncode == 0, job.tail()
+    return run_dir
+
+
+def test_sigterm_to_one_rank_stops_all_at_one_step_and_resumes_bit_exact(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    job = launch_train("mpirun", run_dir, during=signal_rank(run_dir, 1, signal.SIGTERM))
+
+    assert job.returncode == EXIT_PREEMPTED, job.tail()
+    result = result_of(job)
+    status = json.loads((run_dir / "status.json").read_text())
+    stopped = result["stopped_at"]
+    assert result["status"] == status["status"] == "preempted"
+    assert status["signals"] == "SIGTERM on rank 1"
+    assert stopped["epoch"] == 2 and 20 <= stopped["step"] < 89, stopped
+    assert stopped["checkpoint"].endswith(f"epoch-0001-step-{stopped['step']:06d}")
+    all_verify(run_dir)
+
+    resumed = launch_train("mpirun", run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.tail()
+    assert f"resuming after step {stopped['step']} of epoch 2" in resumed.output
+    assert result_of(resumed)["epochs_done"] == 3
+    same_state(straight / "checkpoints/epoch-0002", run_dir / "checkpoints/epoch-0002")
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_sigterm_to_the_launcher_checkpoints_and_exits_75(tmp_path, launcher):
+    run_dir = tmp_path / "run"
+    job = launch_train(launcher, run_dir, during=signal_launcher(run_dir, signal.SIGTERM))
+
+    assert job.returncode == EXIT_PREEMPTED, job.tail()
+    status = json.loads((run_dir / "status.json").read_text())
+    # hvd-train launch passes TERM to mpirun as USR1, which mpirun forwards at once (launch.py).
+    got = {"mpirun": "SIGUSR1", "horovodrun": "SIGTERM"}[launcher]
+    assert status["status"] == "preempted" and f"{got} on rank 0" in status["signals"]
+    assert (run_dir / "checkpoints").joinpath(status["checkpoint"]).is_dir()
+    all_verify(run_dir)
+    print(f"{launcher}: stopped at epoch {status['epoch']} step {status['step']}")
+
+
+def test_sigkill_of_one_rank_ends_the_job_and_resume_is_bit_exact(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    job = launch_train("mpirun", run_dir, during=signal_rank(run_dir, 1, signal.SIGKILL))
+
+    assert job.returncode != 0, job.tail()
+    took = time.monotonic() - job.during
+    assert took < BOUND_S, f"{took:.1f}s from the kill to the job's end"
+    assert re.search(r"rank 1 .*exited on signal 9", job.output), job.tail()
+    all_verify(run_dir)
+
+    resumed = launch_train("mpirun", run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.tail()
+    same_state(straight / "checkpoints/epoch-0002", run_dir / "checkpoints/epoch-0002")
+    print(f"SIGKILL: job ended {took:.1f}s after the kill")
+
+
+def test_sigkill_under_gloo_names_the_lost_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    job = launch_train(
+        "horovodrun", run_dir, "--set", "fault.heartbeat_s=0.5",
+        during=signal_rank(run_dir, 1, signal.SIGKILL),
+    )  # fmt: skip
+
+    assert job.returncode == EXIT_STALLED, job.tail()  # horovodrun's 1, mapped by status.json
+    took = time.monotonic() - job.during
+    assert took < BOUND_S, f"{took:.1f}s from the kill to the job's end"
+    line = next(x for x in job.output.splitlines() if "hvd-train: error: lost" in x)
+    assert "lost rank 1 (no heartbeat for" in line, line
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "lost"
+    all_verify(run_dir)
+    print(f"SIGKILL under Gloo: job ended {took:.1f}s after the kill: {line}")
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_frozen_rank_is_named_and_the_job_aborts(tmp_path, launcher):
+    run_dir = tmp_path / "run"
+    fast = ["--set", "fault.stall_floor_s=4", "--set", "fault.heartbeat_s=0.5"]
+    job = launch_train(launcher, run_dir, *fast, during=signal_rank(run_dir, 1, signal.SIGSTOP))
+
+    assert job.returncode == EXIT_STALLED, job.tail()
+    took = time.monotonic() - job.during
+    assert took < BOUND_S, f"{took:.1f}s from the freeze to the job's end"
+    line = next(x for x in job.output.splitlines() if "watchdog on rank 0" in x)
+    assert "did not arrive: rank 1 (no heartbeat for" in line, line
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "stalled"
+    all_verify(run_dir)
+    print(f"{launcher}: frozen rank 1 -> exit {job.returncode} after {took:.1f}s: {line}")
+
+
+def test_ranks_started_with_different_configs_fail_naming_the_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    base = [*HVD_TRAIN, *TRAIN, "--set", f"run_dir={run_dir}"]
+    # MPMD: two programs in one job, rank 1 started with another config.
+    argv = launch.build("mpirun", 2, [*base, "--set", "train.seed=1"])
+    argv[argv.index("-np") + 1] = "1"
+    argv += [":", "-np", "1", *base, "--set", "train.seed=2"]
+    job = run(argv, timeout=300)
+
+    assert job.returncode == 2, job.tail()
+    assert "hvd-train: error: rank(s) 1 differ from rank 0 in their config" in job.output
+    assert not (run_dir / "checkpoints").exists()
