@@ -2,7 +2,8 @@
 
 Every check that needs no TensorFlow (the config, the worker count, the model name, the run
 directory) runs before TensorFlow is imported and, under `hvd-train launch`, before any worker
-starts. A bad input ends with one line `hvd-train: error: ...` and exit code 2.
+starts. A bad input ends with one line `hvd-train: error: ...` and exit code 2; the other exit
+codes (a stalled or lost rank, diverged weights, a preempted run) are in `hvd_train.faults`.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from hvd_train import config as config_lib
-from hvd_train import doctor, launch, rundir
+from hvd_train import doctor, faults, launch, rundir
 from hvd_train.errors import UserError
 
 EXIT_USAGE = 2
@@ -45,6 +47,12 @@ def _train_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="train at most N epochs in this launch, checkpoint, exit (resume later)",
     )
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="keep training while workers leave and join (under horovodrun --min-np/--max-np "
+        "--host-discovery-script; hvd_train.elastic)",
+    )
     return parser
 
 
@@ -69,8 +77,12 @@ def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace
         raise UsageError(f"--stop-after-epochs must be >= 1, got {args.stop_after_epochs}")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    if args.elastic and (args.resume or args.stop_after_epochs is not None):
+        raise UsageError("--elastic takes neither --resume nor --stop-after-epochs")
     config = config_lib.load(args.config, args.set)
     config_lib.validate(config, size)
+    if args.elastic:
+        config_lib.check_elastic(config)
     import models
 
     if config.model.file is not None:
@@ -87,28 +99,38 @@ def cmd_train(argv: Sequence[str]) -> int:
     args, config = check_train_args(argv, size)
     if rundir.launcher_rank(os.environ) == 0:  # only rank 0 writes, so only rank 0 checks
         rundir.prepare(config.run_dir, args.resume, args.overwrite)
-    from hvd_train import train
+    if args.elastic:
+        from hvd_train import elastic
 
-    result = train.train_and_evaluate(
-        config,
-        Path(config.run_dir),
-        resume=args.resume,
-        stop_after_epochs=args.stop_after_epochs,
-        argv=["hvd-train", "train", *argv],
-    )
+        result = elastic.train_elastic(
+            config, Path(config.run_dir), argv=["hvd-train", "train", *argv]
+        )
+    else:
+        from hvd_train import train
+
+        result = train.train_and_evaluate(
+            config,
+            Path(config.run_dir),
+            resume=args.resume,
+            stop_after_epochs=args.stop_after_epochs,
+            argv=["hvd-train", "train", *argv],
+        )
     from hvd_train import dist
 
     if dist.is_chief():
         summary = {
             "run_dir": str(config.run_dir),
             "workers": dist.size(),
+            "status": result.status,
             "epochs_done": result.epochs_done,
             "final": result.final,
             "best": result.best,
             "seconds": round(result.seconds, 1),
         }
+        if result.stopped_at is not None:
+            summary["stopped_at"] = result.stopped_at
         print("result " + json.dumps(summary), flush=True)
-    return 0
+    return faults.EXIT_PREEMPTED if result.status == "preempted" else 0
 
 
 def cmd_launch(argv: Sequence[str]) -> int:
@@ -117,8 +139,29 @@ def cmd_launch(argv: Sequence[str]) -> int:
     args, command = launch.parse(parser, argv)
     if command[:1] != ["train"]:
         raise UsageError("hvd-train launch: the job after -- must be: train [train options]")
-    check_train_args(command[1:], args.np)  # fail here, before any worker starts
-    return launch.execute(parser, args, [sys.executable, "-m", "hvd_train.cli", *command])
+    _, config = check_train_args(command[1:], args.np)  # fail here, before any worker starts
+    full = [sys.executable, "-m", "hvd_train.cli", *command]
+    if args.dry_run:
+        return launch.execute(parser, args, full)
+    started = time.time()
+    code = launch.supervise(parser, args, full)
+    return _launch_exit_code(code, Path(config.run_dir) / "status.json", started)
+
+
+def _launch_exit_code(code: int, status_file: Path, started: float) -> int:
+    """The launcher's exit code, or the job's own where the launcher hides it (horovodrun ends
+    with 1 whatever its ranks returned): rank 0's status.json of this launch tells."""
+    if code == 0:
+        return 0
+    try:
+        status = json.loads(status_file.read_text())
+    except (OSError, ValueError):
+        return code
+    if status.get("time", 0) < started:
+        return code  # an earlier launch's
+    exits = {"preempted": faults.EXIT_PREEMPTED, "stalled": faults.EXIT_STALLED}
+    exits |= {"lost": faults.EXIT_STALLED, "diverged": faults.EXIT_DIVERGED}
+    return exits.get(status.get("status"), code)
 
 
 def cmd_models(argv: Sequence[str]) -> int:
@@ -214,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, UserError) as err:
         print(f"hvd-train: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except faults.JobFailure as err:
+        print(f"hvd-train: error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
 
 
 if __name__ == "__main__":

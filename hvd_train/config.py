@@ -36,9 +36,10 @@ KINDS = ("images", "tokens")
 OPTIMIZERS = ("sgd", "adam")
 COMPRESSIONS = ("none", "fp16")
 MODES = ("max", "min")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+STOP_SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP")
 
 # Worker count set by each launcher in every rank's environment, in the order they are trusted.
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 SIZE_VARIABLES = (
     "HOROVOD_SIZE",  # horovodrun --gloo
     "OMPI_COMM_WORLD_SIZE",  # Open MPI's mpirun (4 and 5), and horovodrun over MPI
@@ -186,11 +187,45 @@ class CheckpointConfig:
       keep_last: how many of the latest checkpoints to keep.
       monitor: the metric the "best" copy follows.
       mode: "max" or "min": whether a larger or a smaller `monitor` is better.
+      every_steps: also checkpoint inside epochs, every this many steps (0: at epoch ends only);
+        bounds the work a dead worker loses.
     """
 
     keep_last: int = 3
     monitor: str = "val_accuracy"
     mode: str = "max"
+    every_steps: int = 0
+
+
+@dataclass
+class FaultConfig:
+    """What the job does when a worker dies, freezes, is preempted or diverges (README: "Failure
+    modes").
+
+    Attributes:
+      watchdog: abort the job, naming the ranks that did not arrive, when no step finishes within
+        the stall bound (a frozen or lost rank would otherwise hold every other rank in a
+        collective forever; MPI has no timeout of its own).
+      stall_floor_s: the smallest stall bound, in seconds.
+      stall_factor: the stall bound is max(stall_floor_s, stall_factor x the slowest of the
+        recent step times), measured while training.
+      startup_s: the bound until a phase's first step has finished (tracing, compilation, the
+        first validation).
+      heartbeat_s: how often each rank tells rank 0 its progress (rank 0 answers with everyone's);
+        a rank silent for 5 heartbeats is named as not arriving.
+      stop_signals: signals that stop the job at a step all ranks agree on, with a checkpoint
+        (SLURM's early warning is USR1 with `--signal`, schedulers send TERM).
+      check_weights_every: every this many steps, compare a weight checksum over ranks and stop
+        with an error naming the diverged ranks (0: never).
+    """
+
+    watchdog: bool = True
+    stall_floor_s: float = 60.0
+    stall_factor: float = 20.0
+    startup_s: float = 600.0
+    heartbeat_s: float = 1.0
+    stop_signals: list[str] = field(default_factory=lambda: ["TERM", "USR1"])
+    check_weights_every: int = 0
 
 
 @dataclass
@@ -207,12 +242,28 @@ class LoggingConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """Elastic training: `hvd-train train --elastic` under horovodrun's elastic mode
+    (`hvd_train.elastic`); ignored without `--elastic`.
+
+    Attributes:
+      commit_every_steps: copy the training state (weights, optimizer, epoch, data position) to
+        host memory every this many optimizer updates, and at every epoch end. A failed worker
+        costs the survivors the updates since the last commit; hosts that were added or removed
+        are acted on at commits only.
+    """
+
+    commit_every_steps: int = 20
+
+
+@dataclass
 class Config:
     """One experiment.
 
     Attributes:
       run_dir: where rank 0 writes checkpoints, logs and the resolved config.
-      data, model, optimizer, train, checkpoint, logging: the sections.
+      elastic: read by `--elastic` only.
+      data, model, optimizer, train, checkpoint, logging, fault: the sections.
     """
 
     run_dir: str = "runs/digits"
@@ -222,6 +273,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
 
 def load(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> Config:
@@ -357,6 +410,39 @@ def validate(config: Config, size: int | None = None) -> None:
         bool(ckpt.monitor), "checkpoint.monitor", "must be a non-empty metric name", ckpt.monitor
     )
     _check_choice("checkpoint.mode", ckpt.mode, MODES)
+    _check_min("checkpoint.every_steps", ckpt.every_steps, 0)
+
+    fault = config.fault
+    _check(fault.stall_floor_s > 0, "fault.stall_floor_s", "must be > 0", fault.stall_floor_s)
+    _check_min("fault.stall_factor", fault.stall_factor, 1)
+    _check(fault.startup_s > 0, "fault.startup_s", "must be > 0", fault.startup_s)
+    rule = "must be > 0 and at most fault.stall_floor_s / 5"
+    ok = 0 < fault.heartbeat_s <= fault.stall_floor_s / 5
+    _check(ok, "fault.heartbeat_s", rule, fault.heartbeat_s)
+    for name in fault.stop_signals:
+        _check_choice("fault.stop_signals", name, STOP_SIGNALS)
+    _check_min("fault.check_weights_every", fault.check_weights_every, 0)
+
+    _check_min("elastic.commit_every_steps", config.elastic.commit_every_steps, 1)
+
+
+def check_elastic(config: Config) -> None:
+    """What `--elastic` needs beyond `validate`: a batch that does not depend on the worker count.
+
+    The worker count changes during an elastic run, so the per-rank batch is the fixed one
+    (Horovod's convention; the learning rate follows the global batch by the batch rule), and
+    every optimizer update is one step (a gradient accumulated locally over several steps would
+    straddle a change of workers).
+
+    Raises:
+      ConfigError: train.global_batch_size set, or optimizer.backward_passes_per_step > 1.
+    """
+    rule = "must be null with --elastic (set train.per_rank_batch_size: the worker count changes)"
+    global_batch = config.train.global_batch_size
+    _check(global_batch is None, "train.global_batch_size", rule, global_batch)
+    passes = config.optimizer.backward_passes_per_step
+    rule = "must be 1 with --elastic (accumulated gradients would straddle a change of workers)"
+    _check(passes == 1, "optimizer.backward_passes_per_step", rule, passes)
 
 
 def resolved_batch_sizes(config: Config, size: int) -> tuple[int, int]:

@@ -107,10 +107,18 @@ def _tagged(epoch: tf.Tensor, batch: int, elements: tf.data.Dataset) -> tf.data.
 
 
 def _sharded_ids(
-    num_samples: int, steps: int, batch: int, rank: int, size: int, seed: int, shuffle: bool
+    num_samples: int,
+    steps: int,
+    batch: int,
+    rank: int,
+    size: int,
+    seed: int,
+    shuffle: bool,
+    start: int = 0,
 ) -> Any:
-    """A function of the epoch: this rank's `steps * batch` sample ids of it, tagged."""
-    positions = tf.range(rank, rank + steps * batch * size, size, dtype=tf.int64)
+    """A function of the epoch: this rank's `steps * batch` sample ids of it, tagged; from
+    permutation position `start` on (the positions before it were consumed already)."""
+    positions = tf.range(start + rank, start + rank + steps * batch * size, size, dtype=tf.int64)
 
     def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
         ids = _epoch_ids(positions, num_samples, seed, epoch) if shuffle else positions
@@ -119,8 +127,32 @@ def _sharded_ids(
     return one_epoch
 
 
-def _epochs(initial_epoch: int, one_epoch: Any) -> tf.data.Dataset:
-    return tf.data.Dataset.range(initial_epoch, _FOREVER).flat_map(one_epoch)
+def _epochs(initial_epoch: int, one_epoch: Any, first_epoch: Any = None) -> tf.data.Dataset:
+    """Epochs from `initial_epoch` on; `first_epoch` (a function of the epoch) makes the first."""
+    if first_epoch is None:
+        return tf.data.Dataset.range(initial_epoch, _FOREVER).flat_map(one_epoch)
+    rest = tf.data.Dataset.range(initial_epoch + 1, _FOREVER).flat_map(one_epoch)
+    return first_epoch(tf.constant(initial_epoch, tf.int64)).concatenate(rest)
+
+
+def remaining_steps(steps: int, per_rank_batch_size: int, size: int, position: int) -> int:
+    """Steps left in an epoch on `size` ranks once `position` positions of its permutation are used.
+
+    A data position counts samples, not steps, so it means the same at any worker count: global
+    step s covers positions [s * batch * size, (s + 1) * batch * size). An epoch of `steps` steps
+    ends at position steps * batch * size; the positions left are spread over the `size` ranks of
+    now, and a last part smaller than one global batch is dropped (as `drop_remainder` does).
+
+    Raises:
+      ValueError: a negative position, or a batch or size < 1.
+    """
+    if position < 0 or per_rank_batch_size < 1 or size < 1:
+        raise ValueError(
+            f"need position >= 0, batch >= 1 and size >= 1, got {position}, "
+            f"{per_rank_batch_size}, {size}"
+        )
+    global_batch = per_rank_batch_size * size
+    return max(0, (steps * global_batch - position) // global_batch)
 
 
 def _gathered(
@@ -132,18 +164,40 @@ def _gathered(
     shuffle: bool,
     initial_epoch: int,
     steps: int,
+    start_position: int = 0,
 ) -> tf.data.Dataset:
     """Batches (epoch, step, *arrays) of this rank's shard: ids batched first, then one gather."""
     tensors = tuple(tf.constant(a) for a in arrays)
-    one_epoch = _sharded_ids(len(arrays[0]), steps, batch, rank, size, seed, shuffle)
     return (
-        _epochs(initial_epoch, one_epoch)
+        _positioned_epochs(
+            len(arrays[0]), steps, batch, rank, size, seed, shuffle, initial_epoch, start_position
+        )
         .batch(batch, drop_remainder=True)
         .map(
             lambda epoch, step, ids: (epoch[0], step[0], *(tf.gather(t, ids) for t in tensors)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
     )
+
+
+def _positioned_epochs(
+    num_samples: int,
+    steps: int,
+    batch: int,
+    rank: int,
+    size: int,
+    seed: int,
+    shuffle: bool,
+    initial_epoch: int,
+    start_position: int,
+) -> tf.data.Dataset:
+    """(epoch, step, id) of this rank, the first epoch from `start_position` on."""
+    one_epoch = _sharded_ids(num_samples, steps, batch, rank, size, seed, shuffle)
+    if not start_position:
+        return _epochs(initial_epoch, one_epoch)
+    left = remaining_steps(steps, batch, size, start_position)
+    first = _sharded_ids(num_samples, left, batch, rank, size, seed, shuffle, start_position)
+    return _epochs(initial_epoch, one_epoch, first)
 
 
 def shard_dataset(
@@ -885,6 +939,7 @@ def train_dataset(
     augment: bool = False,
     initial_epoch: int = 0,
     max_steps: int | None = None,
+    start_position: int = 0,
 ) -> tuple[tf.data.Dataset, int]:
     """This rank's training batches (x, y), epoch after epoch, and the steps of every epoch.
 
@@ -896,14 +951,25 @@ def train_dataset(
       augment: random crop after padding, and flip, of image batches.
       initial_epoch: first epoch to produce (for a resumed run).
       max_steps: a cap on the steps per epoch; each epoch of the dataset is then that long.
+      start_position: positions of `initial_epoch`'s permutation already trained on, by any worker
+        count (elastic training after a reset); that first epoch then holds only the
+        `remaining_steps(steps, per_rank_batch_size, size, start_position)` steps left, rank r
+        taking positions start_position + r, start_position + r + size, ... . Arrays and image
+        files only.
 
     Returns:
       (dataset, steps_per_epoch): a dataset that never ends, `steps` batches per epoch.
 
     Raises:
-      DataError: too little data for one batch per rank, or augmentation of non-images.
+      DataError: too little data for one batch per rank, augmentation of non-images, or a
+        start_position in TFRecord files (read by file, not by permutation position) or < 0.
     """
     batch = per_rank_batch_size
+    if start_position < 0 or (start_position and isinstance(source, RecordFiles)):
+        raise DataError(
+            f"start_position {start_position}: must be >= 0, and 0 for TFRecord files that are "
+            "not decoded into memory (they are sharded by file, not by permutation position)"
+        )
     if augment and len(source.input_shape) != 3:
         raise DataError(
             f"data.augment: needs images (height, width, channels), got samples of shape "
@@ -913,14 +979,18 @@ def train_dataset(
         n = len(source.x_train)
         steps = _steps(n // size, batch, f"{n} training samples on {size} ranks", max_steps)
         arrays = (source.x_train, source.y_train)
-        batches = _gathered(arrays, batch, rank, size, seed, True, initial_epoch, steps)
+        batches = _gathered(
+            arrays, batch, rank, size, seed, True, initial_epoch, steps, start_position
+        )
         return _finish(batches, seed, rank, augment), steps
     if isinstance(source, ImageFiles):
         n = len(source.train_paths)
         steps = _steps(n // size, batch, f"{n} training images on {size} ranks", max_steps)
         paths, labels = tf.constant(source.train_paths), tf.constant(source.train_labels)
         read = _image_reader(source)
-        elements = _epochs(initial_epoch, _sharded_ids(n, steps, batch, rank, size, seed, True))
+        elements = _positioned_epochs(
+            n, steps, batch, rank, size, seed, True, initial_epoch, start_position
+        )
         decoded = elements.map(
             lambda epoch, step, i: (epoch, step, *read(paths[i], labels[i])),
             num_parallel_calls=tf.data.AUTOTUNE,

@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -92,6 +93,58 @@ def horovodrun_argv(
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be gloo or mpi, got {controller!r}")
     return ["horovodrun", "-np", str(np), "-H", hosts_arg(hosts, np), f"--{controller}", *command]
+
+
+def horovodrun_elastic_argv(
+    np: int,
+    command: Sequence[str],
+    *,
+    min_np: int,
+    max_np: int,
+    discovery: Sequence[str],
+    reset_limit: int | None = None,
+    cooldown_range: tuple[int, int] | None = None,
+) -> list[str]:
+    """horovodrun's elastic command: start `np` workers of `command`, keep min_np..max_np.
+
+    Elastic mode always runs Horovod's Gloo controller. Every second horovodrun runs the discovery
+    command (through a shell, hence the quoting here), which prints one "host:slots" line per
+    available host (`mpi_scripts/discover_hosts.sh`); workers are started on hosts that appear
+    and dropped with hosts that go, and a host whose worker failed is blacklisted (for the rest of
+    the job, or for a time within `cooldown_range` seconds).
+
+    Args:
+      np: workers to start with.
+      command: the program and its arguments (`hvd-train train --elastic ...`).
+      min_np, max_np: the fewest workers the job continues with, and the most it grows to.
+      discovery: the host discovery program and its arguments.
+      reset_limit: end the job after this many resets (None: no limit).
+      cooldown_range: (low, high) seconds a failed host stays blacklisted (None: for good).
+
+    Raises:
+      ValueError: not 1 <= min_np <= np <= max_np, an empty command or discovery, a reset limit
+        < 0, or a cooldown range that is not 1 <= low <= high.
+    """
+    if not 1 <= min_np <= np <= max_np or not command or not discovery:
+        raise ValueError(
+            f"need 1 <= min_np <= np <= max_np, a command and a discovery command, got "
+            f"min_np={min_np} np={np} max_np={max_np} command={list(command)} "
+            f"discovery={list(discovery)}"
+        )
+    argv = ["horovodrun", "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np)]
+    argv += ["--host-discovery-script", shlex.join(discovery)]
+    if reset_limit is not None:
+        if reset_limit < 0:
+            raise ValueError(f"reset_limit must be >= 0 or None, got {reset_limit}")
+        argv += ["--reset-limit", str(reset_limit)]
+    if cooldown_range is not None:
+        low, high = cooldown_range
+        if not 1 <= low <= high:
+            raise ValueError(
+                f"cooldown_range must be (low, high) with 1 <= low <= high, got {cooldown_range}"
+            )
+        argv += ["--blacklist-cooldown-range", str(low), str(high)]
+    return [*argv, *command]
 
 
 SRUN_MPI_TYPES = ("pmix", "pmi2")
@@ -246,8 +299,19 @@ def parse(
 
 def execute(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
     """Build the launch command, print it, and (unless --dry-run) replace this process with it."""
+    full = _built(parser, args, command)
+    print(shlex.join(full), flush=True)
+    if args.dry_run:
+        return 0
+    if shutil.which(full[0]) is None:
+        print(f"launch: {full[0]} not found on PATH", file=sys.stderr)
+        return 2
+    os.execvp(full[0], full)
+
+
+def _built(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> list:
     try:
-        full = build(
+        return build(
             args.launcher,
             args.np,
             command,
@@ -259,13 +323,48 @@ def execute(parser: argparse.ArgumentParser, args: argparse.Namespace, command: 
         )
     except ValueError as err:
         parser.error(str(err))
+
+
+# Signals a supervising launch passes on to the launcher: a scheduler's stop (TERM), SLURM's early
+# warning (USR1/USR2 with --signal), a hang-up. INT comes from the terminal to the whole process
+# group, the launcher included, and is not sent twice.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+
+
+def forwarded_signal(launcher: str, signum: int) -> int:
+    """The signal to send `launcher` when the supervising launch gets `signum`.
+
+    Open MPI's mpirun passes USR1 and USR2 on to every rank at once, but answers TERM or HUP by
+    killing the job: SIGCONT, then TERM only after `odls_base_sigkill_timeout` seconds, then KILL
+    as long again (measured with Open MPI 4.1: 1 s each by default; with 30, the TERM came 29 s
+    late). So mpirun gets USR1 instead, which the ranks take as a stop request (fault.stop_signals
+    must hold USR1, as by default). horovodrun and srun pass TERM on to their ranks themselves.
+    """
+    if launcher == "mpirun" and signum in (signal.SIGTERM, signal.SIGHUP):
+        return signal.SIGUSR1
+    return signum
+
+
+def supervise(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
+    """Like `execute`, but run the launcher as a child, pass stop signals on to it, and return its
+    exit code (128 + the signal's number if a signal ended it)."""
+    full = _built(parser, args, command)
     print(shlex.join(full), flush=True)
-    if args.dry_run:
-        return 0
     if shutil.which(full[0]) is None:
         print(f"launch: {full[0]} not found on PATH", file=sys.stderr)
         return 2
-    os.execvp(full[0], full)
+    child = subprocess.Popen(full)
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(forwarded_signal(args.launcher, signum))
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
 
 
 def main(argv: list[str] | None = None) -> int:

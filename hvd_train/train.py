@@ -8,10 +8,12 @@ touch files are gated by `dist.is_chief()`, never the collectives.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +23,8 @@ from typing import Any
 
 from hvd_train import checkpoint as ckpt
 from hvd_train import config as config_lib
-from hvd_train import dist
+from hvd_train import dist, faults, guards
+from hvd_train.errors import UserError
 
 log = logging.getLogger("hvd_train")
 
@@ -38,6 +41,8 @@ class Result:
     final: dict[str, float]
     best: dict[str, Any] | None
     seconds: float
+    status: str = "finished"  # or "preempted": stopped on a signal, checkpoint written
+    stopped_at: dict[str, Any] | None = None  # epoch (1-based) and step of a preempted run
 
 
 def configure_logging(rank: int) -> None:
@@ -63,38 +68,73 @@ def _git_revision() -> str | None:
     return out.stdout.strip() or None
 
 
-def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
-    """What is saved with every launch: config, command, versions, Horovod settings, revision."""
+def versions() -> dict[str, str | None]:
+    """The software every rank must share."""
     import keras
     import tensorflow as tf
 
     from hvd_train import doctor
 
     return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "horovod": doctor.package_version("horovod"),
+        "hvd_train": doctor.package_version("hvd_train"),
+    }
+
+
+def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
+    """What is saved with every launch: config, command, versions, Horovod settings, revision."""
+    return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": argv,
         "size": size,
         "controller": dist.controller(),
-        "versions": {
-            "python": platform.python_version(),
-            "tensorflow": tf.__version__,
-            "keras": keras.__version__,
-            "horovod": doctor.package_version("horovod"),
-            "hvd_train": doctor.package_version("hvd_train"),
-        },
+        "versions": versions(),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         "git_revision": _git_revision(),
         "config": config_lib.to_dict(config),
     }
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     tmp.replace(path)
 
 
-def _make_optimizer(opt_cfg: Any, schedule: Any) -> Any:
+def write_status(run_dir: Path, status: str, **fields: Any) -> None:
+    """Rank 0's run_dir/status.json: how the last launch ended ("finished", "preempted",
+    "stalled", "lost", "diverged"); `hvd-train launch` turns it into its exit code."""
+    record = {"status": status, "time": time.time(), "pid": os.getpid(), **fields}
+    atomic_write(run_dir / "status.json", json.dumps(record, indent=1))
+
+
+def _start_watchdog(fault: Any, run_dir: Path) -> faults.Watchdog | None:
+    """Every rank's watchdog (config.fault), or None with one worker or when switched off."""
+    if not fault.watchdog or dist.size() == 1:
+        return None
+    sock, address = faults.open_socket()
+    chief_address = dist.broadcast_object(address, name="hvd_train.watchdog_address")
+    before_exit = None
+    if dist.is_chief():
+
+        def before_exit(message: str) -> None:
+            write_status(run_dir, "stalled", message=message)
+
+    return faults.Watchdog(
+        dist.rank(),
+        dist.size(),
+        sock,
+        tuple(chief_address),
+        faults.StallRule(fault.stall_floor_s, fault.stall_factor, fault.startup_s),
+        fault.heartbeat_s,
+        before_exit=before_exit,
+    )
+
+
+def make_optimizer(opt_cfg: Any, schedule: Any) -> Any:
     import keras
 
     if opt_cfg.name == "sgd":
@@ -149,14 +189,36 @@ def train_and_evaluate(
       UserError: a model, data or checkpoint problem (one line; the same on every rank).
     """
     started = time.monotonic()
+    # First: a signal from now on stops the job at an agreed step instead of killing this rank.
+    stop = faults.StopRequest(config.fault.stop_signals)
     dist.init()
+    configure_logging(dist.rank())
+    watchdog = _start_watchdog(config.fault, run_dir)
+    try:
+        return _train(config, run_dir, resume, stop_after_epochs, argv, started, stop, watchdog)
+    finally:
+        stop.close()
+        if watchdog is not None:
+            watchdog.close()
+
+
+def _train(
+    config: Any,
+    run_dir: Path,
+    resume: bool,
+    stop_after_epochs: int | None,
+    argv: list[str] | None,
+    started: float,
+    stop: faults.StopRequest,
+    watchdog: faults.Watchdog | None,
+) -> Result:
     rank, size, chief = dist.rank(), dist.size(), dist.is_chief()
-    configure_logging(rank)
 
     import keras
     import tensorflow as tf
 
     import models
+    from hvd_train import callbacks as cbs
     from hvd_train import data
     from hvd_train.callbacks import CheckpointWriter, JsonMetrics, distributed_callbacks
     from hvd_train.lr_schedule import scaled_warmup_schedule
@@ -180,8 +242,12 @@ def train_and_evaluate(
         meta = restored.meta if restored else None
     meta = dist.broadcast_object(meta, name="hvd_train.resume_meta")
     initial_epoch = meta["epoch"] + 1 if meta else 0
+    initial_step = meta.get("epoch_step", 0) if meta else 0  # steps of initial_epoch done
     if resume and chief and meta:
-        log.info("resuming after epoch %d from %s", initial_epoch, restored.path)
+        where = f"after epoch {initial_epoch}"
+        if initial_step:
+            where = f"after step {initial_step} of epoch {initial_epoch + 1}"
+        log.info("resuming %s from %s", where, restored.path)
     elif resume and chief:
         log.info("no checkpoint in %s: starting at epoch 1", checkpoint_dir)
 
@@ -236,7 +302,7 @@ def train_and_evaluate(
         decay_epochs=opt_cfg.decay_epochs,
     )
     optimizer = dist.DistributedOptimizer(
-        _make_optimizer(opt_cfg, schedule),
+        make_optimizer(opt_cfg, schedule),
         compression=getattr(dist.Compression, opt_cfg.compression),
         gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
         backward_passes_per_step=passes,
@@ -248,6 +314,10 @@ def train_and_evaluate(
         jit_compile=train_cfg.jit_compile,
     )
     optimizer.build(model.trainable_variables)
+    # Ranks started with another config, software or model fail here, by name, on every rank.
+    shapes = [list(v.shape) for v in model.variables]
+    fingerprint = guards.fingerprint(config_lib.to_dict(config), versions(), shapes)
+    guards.compare(dist.allgather_object(fingerprint, name="hvd_train.fingerprint"))
     error = None
     if restored is not None:
         try:
@@ -260,68 +330,188 @@ def train_and_evaluate(
         raise ckpt.CheckpointError(error)
 
     # --- callbacks: collectives on every rank first, then rank 0's writers --------------------
-    callbacks = distributed_callbacks()
+    writers: list[Any] = []
+    writer = None
     if chief:
         if not (run_dir / "run.json").exists():
             record = run_record(config, argv or [], size)
-            _atomic_write(run_dir / "run.json", json.dumps(record, indent=1))
+            atomic_write(run_dir / "run.json", json.dumps(record, indent=1))
         with (run_dir / "launches.jsonl").open("a") as f:
             launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv or []}
             f.write(json.dumps({**launch, "size": size, "initial_epoch": initial_epoch}) + "\n")
         (run_dir / "config.yaml").write_text(config_lib.dump(config))
-        callbacks.append(
-            CheckpointWriter(
-                checkpoint_dir,
-                keep_last=config.checkpoint.keep_last,
-                monitor=config.checkpoint.monitor,
-                mode=config.checkpoint.mode,
-                meta={
-                    "config": config_lib.to_dict(config),
-                    "size": size,
-                    "data_seed": config.data.seed,
-                    "steps_per_epoch": steps,
-                },
-                best=(meta or {}).get("best"),
-            )
+        writer = CheckpointWriter(
+            checkpoint_dir,
+            keep_last=config.checkpoint.keep_last,
+            monitor=config.checkpoint.monitor,
+            mode=config.checkpoint.mode,
+            meta={
+                "config": config_lib.to_dict(config),
+                "size": size,
+                "data_seed": config.data.seed,
+                "steps_per_epoch": steps,
+            },
+            best=(meta or {}).get("best"),
         )
-        callbacks.append(JsonMetrics(run_dir / "metrics.json"))
+        writers += [writer, JsonMetrics(run_dir / "metrics.json")]
         if config.logging.csv:
-            callbacks.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
+            writers.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
         if config.logging.tensorboard:
-            callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+            writers.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+
+    def write_checkpoint(epoch: int, step: int) -> Path:
+        # Rank 0 only; the watchdogs wait while it writes.
+        with watchdog.busy() if watchdog is not None else contextlib.nullcontext():
+            return writer.write(epoch, step)
+
+    # Fault handling, on every rank: the feed is local, the rest run collectives at the same
+    # steps everywhere; a checkpoint inside the epoch, or the stop, before rank 0's writers.
+    faulty: list[Any] = []
+    if watchdog is not None:
+        faulty.append(cbs.FeedWatchdog(watchdog))
+    if config.fault.check_weights_every:
+        faulty.append(cbs.CheckWeights(config.fault.check_weights_every))
+    in_epoch: list[Any] = []
+    if config.checkpoint.every_steps:
+        every = config.checkpoint.every_steps
+        in_epoch.append(cbs.StepCheckpoint(every, steps, write_checkpoint if chief else None))
+    in_epoch.append(cbs.StopAtAgreedStep(stop))
+    callbacks = [*distributed_callbacks(), *faulty, *in_epoch, *writers]
 
     last_epoch = train_cfg.epochs
     if stop_after_epochs is not None:
         last_epoch = min(last_epoch, initial_epoch + stop_after_epochs)
-    history: dict[str, list[float]] = {}
-    if initial_epoch < last_epoch:
-        fit = model.fit(
-            train_ds,
-            initial_epoch=initial_epoch,
-            epochs=last_epoch,
-            steps_per_epoch=steps,
-            validation_data=val_ds,
-            callbacks=callbacks,
-            # The progress bar on rank 0 only; its epoch line shows the global metrics.
-            verbose=1 if chief else 0,
-            shuffle=False,  # the sharded dataset reshuffles itself every epoch
+    # (dataset, first epoch, end epoch, steps per epoch, steps of the first epoch already done)
+    segments = []
+    if initial_epoch < last_epoch and initial_step:
+        # Resume mid-epoch: the rest of that epoch as a fit of its own, then the full epochs.
+        rest = train_ds.skip(initial_step).take(steps - initial_step)
+        segments.append(
+            (rest, initial_epoch, initial_epoch + 1, steps - initial_step, initial_step)
         )
-        history = fit.history
+        if initial_epoch + 1 < last_epoch:
+            train_ds, _ = data.train_dataset(
+                arrays,
+                per_rank_batch,
+                rank,
+                size,
+                seed=config.data.seed,
+                augment=config.data.augment,
+                initial_epoch=initial_epoch + 1,
+                max_steps=train_cfg.steps_per_epoch,
+            )
+            segments.append((train_ds, initial_epoch + 1, last_epoch, steps, 0))
+    elif initial_epoch < last_epoch:
+        segments.append((train_ds, initial_epoch, last_epoch, steps, 0))
+    history: dict[str, list[float]] = {}
+    try:
+        for dataset, first, end, steps_now, done in segments:
+            for callback in in_epoch:
+                callback.start_at(first, done)
+            fit = model.fit(
+                dataset,
+                initial_epoch=first,
+                epochs=end,
+                steps_per_epoch=steps_now,
+                validation_data=val_ds,
+                callbacks=callbacks,
+                # The progress bar on rank 0 only; its epoch line shows the global metrics.
+                verbose=1 if chief else 0,
+                shuffle=False,  # the sharded dataset reshuffles itself every epoch
+            )
+            for key, values in fit.history.items():
+                history.setdefault(key, []).extend(values)
+    except cbs.Preempted as stopped:
+        return _preempted(stopped, model, run_dir, steps, write_checkpoint, history, started)
+    except faults.Diverged as err:
         if chief:
-            from hvd_train import plots
+            write_status(run_dir, "diverged", message=str(err))
+        raise
+    except (faults.JobFailure, UserError):
+        raise
+    except Exception as err:
+        # A collective failed: if ranks went silent, they died; say which.
+        lost = watchdog.lost_ranks() if watchdog is not None else None
+        if lost is None:
+            raise
+        message = f"lost {lost}; the collective failed with: {_cause(err)}"
+        if chief:
+            write_status(run_dir, "lost", message=message)
+        raise faults.RankLost(message) from err
+    if chief and segments:
+        from hvd_train import plots
 
-            plots.training_curves(run_dir / "metrics.json", run_dir / "metrics.png")
-    else:
+        plots.training_curves(run_dir / "metrics.json", run_dir / "metrics.png")
+    if not segments:
         log.info("nothing to train: the run already finished %d epochs", train_cfg.epochs)
     final = model.evaluate(val_ds, return_dict=True, verbose=0)
     epochs_logged = [
         dict(zip(history, values, strict=True)) for values in zip(*history.values(), strict=True)
     ]
-    best = next((cb.best for cb in callbacks if isinstance(cb, CheckpointWriter)), None)
+    if chief:
+        write_status(run_dir, "finished", epochs=last_epoch)
     return Result(
         epochs_done=last_epoch if initial_epoch < last_epoch else train_cfg.epochs,
         history=epochs_logged,
         final={k: float(v) for k, v in final.items()},
-        best=best,
+        best=writer.best if writer is not None else None,
         seconds=time.monotonic() - started,
+    )
+
+
+def _cause(err: BaseException) -> str:
+    """The line of a (long, TensorFlow-wrapped) error that says what the collective hit."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    telling = [line for line in lines if re.search(r"Horovod|Gloo|MPI|[Cc]onnection", line)]
+    return ((telling or lines or [type(err).__name__])[0])[:200]
+
+
+def _preempted(
+    stopped: Any,
+    model: Any,
+    run_dir: Path,
+    steps: int,
+    write_checkpoint: Any,
+    history: dict[str, list[float]],
+    started: float,
+) -> Result:
+    """Every rank left fit() after the same step: checkpoint there (rank 0) and report."""
+    epoch, step = stopped.epoch, stopped.step_in_epoch
+    dist.average_non_trainable(model)  # a collective: the same on every rank
+    names = dist.allgather_object(stopped.signal_name, name="hvd_train.stop_signals")
+    got = ", ".join(f"{name} on rank {r}" for r, name in enumerate(names) if name) or "stop"
+    path = None
+    if dist.is_chief():
+        # The epoch's last step: a finished epoch (its validation did not run).
+        position = (epoch, 0) if step == steps else (epoch, step)
+        path = run_dir / "checkpoints" / ckpt.epoch_dir_name(*position)
+        if not path.exists():  # a step checkpoint of the same step may be there already
+            path = write_checkpoint(*position)
+        write_status(
+            run_dir,
+            "preempted",
+            signals=got,
+            epoch=epoch + 1,
+            step=step,
+            checkpoint=str(path),
+        )
+        log.warning(
+            "%s: stopped after step %d of epoch %d on every rank; checkpoint %s; resume with "
+            "--resume",
+            got,
+            step,
+            epoch + 1,
+            path,
+        )
+    epochs_logged = [
+        dict(zip(history, values, strict=True)) for values in zip(*history.values(), strict=True)
+    ]
+    return Result(
+        epochs_done=epoch,
+        history=epochs_logged,
+        final={},
+        best=None,
+        seconds=time.monotonic() - started,
+        status="preempted",
+        stopped_at={"epoch": epoch + 1, "step": step, "checkpoint": str(path) if path else None},
     )

@@ -36,7 +36,7 @@ from hvd_train import config as config_lib  # noqa: E402
 from hvd_train import data  # noqa: E402
 from hvd_train.callbacks import distributed_callbacks  # noqa: E402
 from hvd_train.lr_schedule import scaled_warmup_schedule  # noqa: E402
-from hvd_train.train import _make_optimizer  # noqa: E402 -- the default job's optimizer
+from hvd_train.train import make_optimizer  # noqa: E402 -- the default job's optimizer
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
@@ -84,7 +84,7 @@ schedule = scaled_warmup_schedule(
     decay_epochs=opt_cfg.decay_epochs,
 )
 model.compile(
-    optimizer=dist.DistributedOptimizer(_make_optimizer(opt_cfg, schedule)),
+    optimizer=dist.DistributedOptimizer(make_optimizer(opt_cfg, schedule)),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
 )
 losses: list[float] = []

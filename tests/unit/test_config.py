@@ -211,7 +211,10 @@ def test_digits_config_header_gives_the_launch_line():
 
 # Bad input in a YAML file: (file text, the one-line message it must contain).
 BAD_YAML = [
-    ("optimiser: {name: sgd}\n", "optimiser: unknown key (known: checkpoint, data, logging,"),
+    (
+        "optimiser: {name: sgd}\n",
+        "optimiser: unknown key (known: checkpoint, data, elastic, fault, logging,",
+    ),
     (
         "optimizer: {lr_rul: sqrt}\n",
         "optimizer.lr_rul: unknown key (known: backward_passes_per_step",
@@ -357,7 +360,10 @@ def test_bad_yaml_is_a_one_line_error_naming_key_and_value(tmp_path, text, messa
 # Bad overrides: (--set strings, the one-line message they must produce).
 BAD_OVERRIDES = [
     (["optimizer.lr_rul=sqrt"], "optimizer.lr_rul: unknown key (known: backward_passes_per_step"),
-    (["trian.epochs=3"], "trian: unknown key (known: checkpoint, data, logging, model,"),
+    (
+        ["trian.epochs=3"],
+        "trian: unknown key (known: checkpoint, data, elastic, fault, logging, model,",
+    ),
     (["train.epochs"], "--set 'train.epochs': expected dotted.key=value"),
     (["=3"], "--set '=3': empty key"),
     (["train..epochs=3"], "--set 'train..epochs=3': empty part in the key 'train..epochs'"),
@@ -494,4 +500,21 @@ def test_model_file_must_exist(tmp_path):
         assert message == f"model.file: {str(path)!r} {problem}"
     assert "model.file: expected a string or null, got 3" in error_of(
         config.load, write(tmp_path, "model: {file: 3}\n")
+    )
+
+
+def test_elastic_section_and_what_elastic_training_needs():
+    assert Config().elastic.commit_every_steps == 20
+    assert config.load(None, ["elastic.commit_every_steps=5"]).elastic.commit_every_steps == 5
+    assert error_of(config.load, None, ["elastic.commit_every_steps=0"]) == (
+        "elastic.commit_every_steps: must be >= 1, got 0"
+    )
+    config.check_elastic(config.load(REPO / "configs" / "digits.yaml"))
+    fixed_global = config.load(None, ["train.global_batch_size=64"])
+    assert error_of(config.check_elastic, fixed_global).startswith(
+        "train.global_batch_size: must be null with --elastic"
+    )
+    accumulating = config.load(None, ["optimizer.backward_passes_per_step=2"])
+    assert error_of(config.check_elastic, accumulating).startswith(
+        "optimizer.backward_passes_per_step: must be 1 with --elastic"
     )

@@ -155,3 +155,42 @@ def test_srun_option_with_another_launcher_is_a_usage_error(capsys):
         launch.main(["--launcher", "horovodrun", "--mpi", "pmi2", "--dry-run", "--", *CMD])
     assert exit_info.value.code == 2
     assert "srun's options (mpi) do not apply to horovodrun" in capsys.readouterr().err
+
+
+def test_horovodrun_elastic_argv_quotes_the_discovery_command():
+    argv = launch.horovodrun_elastic_argv(
+        2, CMD, min_np=1, max_np=3, discovery=["mpi_scripts/discover_hosts.sh", "my hosts"]
+    )
+    assert argv == [
+        "horovodrun",
+        "-np",
+        "2",
+        "--min-np",
+        "1",
+        "--max-np",
+        "3",
+        "--host-discovery-script",
+        "mpi_scripts/discover_hosts.sh 'my hosts'",
+        *CMD,
+    ]
+    argv = launch.horovodrun_elastic_argv(
+        2, CMD, min_np=2, max_np=2, discovery=["d.sh"], reset_limit=3, cooldown_range=(10, 60)
+    )
+    assert argv[9:15] == ["--reset-limit", "3", "--blacklist-cooldown-range", "10", "60", *CMD[:1]]
+
+
+@pytest.mark.parametrize(
+    ("np", "min_np", "max_np", "extra", "message"),
+    [
+        (2, 3, 4, {}, "1 <= min_np <= np <= max_np"),
+        (3, 1, 2, {}, "1 <= min_np <= np <= max_np"),
+        (2, 1, 2, {"reset_limit": -1}, "reset_limit must be >= 0"),
+        (2, 1, 2, {"cooldown_range": (0, 5)}, "1 <= low <= high"),
+        (2, 1, 2, {"cooldown_range": (9, 5)}, "1 <= low <= high"),
+    ],
+)
+def test_horovodrun_elastic_argv_rejects(np, min_np, max_np, extra, message):
+    with pytest.raises(ValueError, match=message):
+        launch.horovodrun_elastic_argv(
+            np, CMD, min_np=min_np, max_np=max_np, discovery=["d.sh"], **extra
+        )

@@ -1,0 +1,115 @@
+"""Elastic training's pure pieces, in one process: data positions across a change of the worker
+count, the learning rate's place in the schedule, and the state's commit and restore."""
+
+import keras
+import numpy as np
+import pytest
+
+from hvd_train import data, dist, elastic, schedules
+from hvd_train.lr_schedule import scaled_warmup_schedule
+
+
+def _ids_of_steps(source, batch, size, epoch, steps, start_position=0):
+    """Sample ids every rank trains on in the first `steps` steps of `epoch`, per global step."""
+    per_rank = []
+    for rank in range(size):
+        dataset, _ = data.train_dataset(
+            source, batch, rank, size, seed=5, initial_epoch=epoch, start_position=start_position
+        )
+        per_rank.append([x[:, 0].astype(int) for x, _ in dataset.take(steps).as_numpy_iterator()])
+    return [np.concatenate([ranks[s] for ranks in per_rank]) for s in range(steps)]
+
+
+@pytest.fixture
+def ids_source():
+    n = 103
+    ids = np.arange(n, dtype="float32")[:, None]  # a sample's feature is its id
+    labels = np.zeros(n, "int32")
+    return data.Arrays(ids, labels, ids[:3], labels[:3], num_classes=2)
+
+
+def test_remaining_steps_counts_the_positions_left_in_samples():
+    # 3 ranks x batch 4: an epoch of 8 steps ends at position 96.
+    assert data.remaining_steps(8, 4, 3, 0) == 8
+    assert data.remaining_steps(8, 4, 3, 36) == 5
+    # Position 40 after 5 steps of 2 ranks: 56 positions left, 4 global batches of 12, 8 dropped.
+    assert data.remaining_steps(8, 4, 3, 40) == 4
+    assert data.remaining_steps(8, 4, 3, 96) == 0
+    assert data.remaining_steps(8, 4, 3, 100) == 0
+    with pytest.raises(ValueError, match="position >= 0"):
+        data.remaining_steps(8, 4, 3, -1)
+
+
+def test_an_epoch_continued_at_another_size_trains_each_sample_at_most_once(ids_source):
+    batch, epoch = 4, 2
+    before = _ids_of_steps(ids_source, batch, size=2, epoch=epoch, steps=5)  # positions [0, 40)
+    steps_at_3 = (103 // 3) // batch
+    left = data.remaining_steps(steps_at_3, batch, 3, 40)
+    after = _ids_of_steps(ids_source, batch, 3, epoch, left, start_position=40)
+    trained = np.concatenate(before + after)
+    assert len(trained) == 40 + left * batch * 3 == 88
+    assert len(set(trained.tolist())) == len(trained)  # no sample twice in the epoch
+    # Exactly the permutation's positions [0, 88): what one rank would visit in that order.
+    whole = data.shard_indices(103, 0, 1, epoch, seed=5)[:88]
+    assert sorted(trained.tolist()) == sorted(whole.tolist())
+    assert [len(s) for s in after] == [batch * 3] * left
+    # The epoch after the partial one is a whole epoch again.
+    dataset, steps = data.train_dataset(
+        ids_source, batch, 0, 3, seed=5, initial_epoch=epoch, start_position=40
+    )
+    batches = list(dataset.take(left + steps).as_numpy_iterator())
+    next_epoch = _ids_of_steps(ids_source, batch, 3, epoch + 1, steps)
+    assert np.array_equal(batches[left][0][:, 0], next_epoch[0][:batch])
+
+
+def test_start_position_zero_is_the_plain_dataset(ids_source):
+    plain, steps = data.train_dataset(ids_source, 4, 1, 2, seed=5, initial_epoch=1)
+    same, same_steps = data.train_dataset(
+        ids_source, 4, 1, 2, seed=5, initial_epoch=1, start_position=0
+    )
+    assert steps == same_steps
+    for (a, _), (b, _) in zip(plain.take(15), same.take(15), strict=True):
+        assert np.array_equal(a, b)
+    with pytest.raises(data.DataError, match="must be >= 0"):
+        data.train_dataset(ids_source, 4, 1, 2, start_position=-4)
+
+
+def test_learning_rate_after_a_reset_follows_the_epochs_and_the_new_global_batch():
+    def rule(size, steps):  # base 0.05 at batch 32, 2 warmup epochs, cosine over 10
+        return scaled_warmup_schedule(0.05, 32, 32 * size, steps, 2.0, 10, decay="cosine")
+
+    # 2 ranks (22 steps per epoch) trained 1 epoch and 320 samples: 27 updates. Now 4 ranks, 11
+    # steps per epoch: 1 + 320/1408 epochs in are 13.5 of their updates; warmup to 0.05 x 4.
+    offset = elastic.schedule_offset(1, 320, 11, 128, 27)
+    assert offset == 11 + 2.5 - 27
+    rate = float(elastic.ShiftedSchedule(rule(4, 11), offset)(27))
+    expected = schedules.learning_rate(13.5, 0.05, 0.2, 22, 110, "cosine")
+    assert expected == pytest.approx(0.05 + 0.15 * 13.5 / 22)
+    assert rate == pytest.approx(expected, rel=1e-6)
+    assert elastic.schedule_offset(3, 640, 22, 64, 3 * 22 + 10) == 0  # no change of size
+    restored = keras.optimizers.schedules.deserialize(
+        keras.optimizers.schedules.serialize(elastic.ShiftedSchedule(rule(2, 22), 4.5))
+    )
+    assert restored.offset == 4.5 and restored.schedule.peak_lr == pytest.approx(0.1)
+
+
+def test_state_restores_the_last_commit():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    state = elastic.TrainingState(model)
+    state.progress = elastic.Progress(epoch=2, position=96)
+    state.save()
+    committed = [v.numpy().copy() for v in model.variables]
+    model.fit(np.ones((8, 3)), np.ones((8, 2)), epochs=1, verbose=0)
+    state.progress.position += 64
+    assert model.optimizer.iterations.numpy() == 1
+    state.restore()
+    assert state.progress == elastic.Progress(epoch=2, position=96)
+    assert model.optimizer.iterations.numpy() == 0
+    for var, value in zip(model.variables, committed, strict=True):
+        assert np.array_equal(var.numpy(), value)
+    assert len(state._saved[0]) == len(model.variables) + len(
+        dist.optimizer_variables(model.optimizer)
+    )
+    assert elastic.weights_digest(model) == elastic.weights_digest(model)
