@@ -462,8 +462,11 @@ def _train(
 def _cause(err: BaseException) -> str:
     """The line of a (long, TensorFlow-wrapped) error that says what the collective hit."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    telling = [line for line in lines if re.search(r"Horovod|Gloo|MPI|[Cc]onnection", line)]
-    return ((telling or lines or [type(err).__name__])[0])[:200]
+    for pattern in (r"shut down|[Cc]onnection|[Pp]eer|Gloo|MPI", r"Horovod"):
+        telling = [x for x in lines if re.search(pattern, x) and not x.startswith("Detected at")]
+        if telling:
+            return telling[0][:200]
+    return (lines or [type(err).__name__])[0][:200]
 
 
 def _preempted(
