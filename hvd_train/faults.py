@@ -215,6 +215,8 @@ class Watchdog:
         self._started_phases: set[str] = set()
         self._phase = "startup"
         self._busy = 0
+        # Time a rank was last seen busy: the others' idle time counts from the end of it.
+        self._busy_seen = 0.0
         # Rank 0: what each rank last said, and where it speaks from; others: the last table.
         self._heard: dict[int, tuple[float, int, bool]] = {}
         self._addresses: dict[int, Any] = {}
@@ -297,9 +299,13 @@ class Watchdog:
             rank, steps, busy = message
             self._heard[int(rank)] = (time.monotonic(), int(steps), bool(busy))
             self._addresses[int(rank)] = address
+            busy = bool(busy)
         else:
             self._table = {int(r): Peer(*v) for r, v in message.items()}
             self._table_time = time.monotonic()
+            busy = any(p.busy for p in self._table.values())
+        if busy:
+            self._busy_seen = time.monotonic()
 
     def _peers(self) -> dict[int, Peer]:
         """Rank 0's view of every rank (never heard: infinitely silent, step 0)."""
@@ -313,7 +319,7 @@ class Watchdog:
 
     def _check(self) -> None:
         with self._lock:
-            idle = time.monotonic() - self._last_progress
+            idle = time.monotonic() - max(self._last_progress, self._busy_seen)
             started = self._phase in self._started_phases
             recent = list(self._recent)
             busy = self._busy > 0
