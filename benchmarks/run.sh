@@ -2,10 +2,12 @@
 # Reruns the benchmarks whose results (JSON + PNG) live in benchmarks/results/ and in the README.
 # Run it on an otherwise idle machine: the figures are ratios measured side by side, but a busy
 # machine still widens their spread.
-# Usage: [VENV=.venv] [NP=2] [REPEATS=5] benchmarks/run.sh {allreduce|scaling|plan|models|all}
+# Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
+#          {allreduce|scaling|plan|models|peers|overhead|cycle|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
+CLASSIC_VENV=${CLASSIC_VENV:-$REPO/.venv-classic}
 NP=${NP:-2}
 REPEATS=${REPEATS:-5}
 OUT=${OUT:-$REPO/benchmarks/results}
@@ -25,9 +27,27 @@ scaling() {
 }
 plan() { run hvd-train plan --out "$OUT"; }
 models() { run "$VENV/bin/python" benchmarks/models.py --np "$NP" --out "$OUT"; }
+# Side by side, alternated, as ratios to the no-communication ceiling (hvd_train/bench/peers.py).
+peers() {
+  # Classic stack (Keras 2), where Horovod's own Keras recipe runs: the peers against the toolkit.
+  run "$CLASSIC_VENV/bin/python" -m hvd_train.bench.peers compare --np "$NP" --repeats "$REPEATS" \
+    --name peers-classic --out "$OUT" \
+    ceiling mwms horovod-gloo horovod-mpirun toolkit-gloo toolkit-mpirun
+}
+overhead() {
+  # One worker with the threads the toolkit gives it (all cores): its fit path against plain
+  # Keras fit(), same model, data, batch and threads.
+  run "$VENV/bin/python" -m hvd_train.bench.peers compare --np 1 --repeats "$((REPEATS + 2))" \
+    --epochs 5 --threads "$(nproc)" --name overhead --out "$OUT" keras toolkit
+}
+cycle() {
+  # Gloo: Horovod's default cycle (1 ms) against the derived one, and a fixed 50 ms.
+  run "$VENV/bin/python" -m hvd_train.bench.peers compare --np "$NP" --repeats "$REPEATS" \
+    --name cycle-gloo --out "$OUT" ceiling toolkit-gloo@cycle=1 toolkit-gloo toolkit-gloo@cycle=50
+}
 
 case "${1:-}" in
-  allreduce | scaling | plan | models) "$1" ;;
-  all) allreduce; scaling; plan; models ;;
-  *) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  allreduce | scaling | plan | models | peers | overhead | cycle) "$1" ;;
+  all) allreduce; scaling; plan; models; overhead; peers; cycle ;;
+  *) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

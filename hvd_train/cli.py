@@ -191,8 +191,16 @@ def _straggler(text: str) -> tuple[int, float]:
 
 
 def cmd_bench(argv: Sequence[str]) -> int:
+    if list(argv[:1]) == ["peers"]:  # its own options: hvd-train bench peers -h
+        from hvd_train.bench import peers
+
+        return peers.main(["compare", *argv[1:]])
     parser = _Parser(prog="hvd-train bench", description="benchmarks; JSON + PNG in --out")
-    parser.add_argument("kind", choices=["allreduce", "synthetic", "scaling"])
+    parser.add_argument(
+        "kind",
+        choices=["allreduce", "synthetic", "scaling", "peers"],
+        help="peers: the toolkit against MWMS and Horovod's recipe (own options: peers -h)",
+    )
     parser.add_argument("--np", type=int, default=2, help="workers (max workers for scaling)")
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--shape", type=int, nargs="+", default=[32, 32, 3])
@@ -239,7 +247,7 @@ COMMANDS = {
     "launch": (cmd_launch, "start N workers of a train command under mpirun/horovodrun/srun"),
     "doctor": (lambda argv: doctor.run(sys.stdout), "versions, the Horovod build, what is wrong"),
     "models": (cmd_models, "list the registered models"),
-    "bench": (cmd_bench, "allreduce | synthetic | scaling benchmarks (JSON + PNG)"),
+    "bench": (cmd_bench, "allreduce | synthetic | scaling | peers benchmarks (JSON + PNG)"),
     "plan": (cmd_plan, "cost model: predicted throughput and efficiency at 8..1024 workers"),
 }
 

@@ -166,6 +166,10 @@ class TrainConfig:
         evaluation step only (Horovod's ops have no XLA kernels, so the train step runs without).
       sync_batchnorm: BatchNorm moments over the global batch (one allreduce per layer per step),
         for small per-rank batches; the model must be functional or Sequential.
+      step_ms: the expected time of one training step on one rank in ms (e.g. an earlier run's
+        epoch seconds / steps). Under horovodrun --gloo on a CPU-only host whose cores the ranks
+        fill, Horovod's cycle time is derived from it (`dist.devices.gloo_cycle_time_ms`); null:
+        Horovod's default. HOROVOD_CYCLE_TIME, when set, wins.
     """
 
     epochs: int = 12
@@ -177,6 +181,7 @@ class TrainConfig:
     precision: str = "float32"
     jit_compile: bool = False
     sync_batchnorm: bool = False
+    step_ms: float | None = None
 
 
 @dataclass
@@ -370,6 +375,8 @@ def validate(config: Config, size: int | None = None) -> None:
     if train.steps_per_epoch is not None:
         _check_min("train.steps_per_epoch", train.steps_per_epoch, 1)
     _check_choice("train.precision", train.precision, PRECISIONS)
+    ok = train.step_ms is None or train.step_ms > 0
+    _check(ok, "train.step_ms", "must be > 0 or null", train.step_ms)
 
     opt = config.optimizer
     _check_choice("optimizer.name", opt.name, OPTIMIZERS)

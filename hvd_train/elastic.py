@@ -411,7 +411,7 @@ def train_elastic(config: Any, run_dir: Path, *, argv: list[str] | None = None) 
     if stack.CLASSIC:
         # Its state, schedules and retracing are written (and tested) against Keras 3 only.
         raise config_lib.ConfigError("--elastic needs the modern stack (TensorFlow >= 2.16)")
-    dist.init()
+    dist.init(step_ms=config.train.step_ms)
     rank = dist.rank()
     configure_logging(rank)
     if os.environ.get("HOROVOD_ELASTIC") != "1":

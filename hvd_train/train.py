@@ -191,7 +191,7 @@ def train_and_evaluate(
     started = time.monotonic()
     # First: a signal from now on stops the job at an agreed step instead of killing this rank.
     stop = faults.StopRequest(config.fault.stop_signals)
-    dist.init()
+    dist.init(step_ms=config.train.step_ms)
     configure_logging(dist.rank())
     watchdog = _start_watchdog(config.fault, run_dir)
     try:

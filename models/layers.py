@@ -27,9 +27,12 @@ class ZeroPadShortcut(keras.layers.Layer):
         self.stride = stride
 
     def call(self, inputs: Any) -> Any:
+        # TensorFlow's own ops: the toolkit's backend on both stacks (Keras 2 has no keras.ops).
+        import tensorflow as tf
+
         x = inputs[:, :: self.stride, :: self.stride, :]
         extra = self.filters - x.shape[-1]
-        return keras.ops.pad(x, [[0, 0], [0, 0], [0, 0], [0, extra]])
+        return tf.pad(x, [[0, 0], [0, 0], [0, 0], [0, extra]])
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "filters": self.filters, "stride": self.stride}

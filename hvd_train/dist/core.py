@@ -26,7 +26,7 @@ Compression = hvd.Compression
 _compute_threads: int | None = None
 
 
-def init(threads: int | None = None, pin_gpu: bool = True) -> None:
+def init(threads: int | None = None, pin_gpu: bool = True, step_ms: float | None = None) -> None:
     """Start Horovod and place this rank: one GPU per local rank, a fair share of the CPU threads.
 
     Must run before TensorFlow executes its first op, since device visibility and thread pools are
@@ -36,6 +36,9 @@ def init(threads: int | None = None, pin_gpu: bool = True) -> None:
       threads: intra- and inter-op threads for TensorFlow; None derives them from this rank's CPU
         affinity and the ranks on its host (`devices.compute_threads`).
       pin_gpu: make only the local rank's GPU visible, with memory growth.
+      step_ms: the expected time of one training step on one rank (e.g. measured by an earlier
+        run); None reads HVD_TRAIN_STEP_MS if set. Under Gloo on a CPU-only host whose cores the
+        ranks fill, Horovod's cycle time is derived from it (`devices.gloo_cycle_time_ms`).
 
     Raises:
       RuntimeError: TensorFlow's runtime started before `init` (the placement cannot apply).
@@ -44,6 +47,7 @@ def init(threads: int | None = None, pin_gpu: bool = True) -> None:
     if hvd.is_initialized() and _compute_threads is not None:
         return
     _tune_mpi(threads)
+    _tune_gloo_cycle(threads, step_ms)
     hvd.init()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and pin_gpu:
@@ -83,6 +87,32 @@ def _tune_mpi(threads: int | None) -> None:
     gpus = len(tf.config.list_physical_devices("GPU"))
     if devices.mpi_should_yield(threads, int(local_size), host, gpus):
         os.environ[MPI_YIELD] = "1"
+
+
+# Read by Horovod at hvd.init(); a value the user set (or horovodrun --cycle-time-ms) wins.
+CYCLE_TIME = "HOROVOD_CYCLE_TIME"
+STEP_MS = "HVD_TRAIN_STEP_MS"
+
+
+def _tune_gloo_cycle(threads: int | None, step_ms: float | None) -> None:
+    if CYCLE_TIME in os.environ or os.environ.get("HOROVOD_CONTROLLER") != "gloo":
+        return
+    if step_ms is None and os.environ.get(STEP_MS):
+        try:
+            step_ms = float(os.environ[STEP_MS])
+        except ValueError:
+            raise ValueError(
+                f"{STEP_MS} must be a number of milliseconds, got {os.environ[STEP_MS]!r}"
+            ) from None
+    local_size = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    host = devices.host_cpu_count()
+    if threads is None:
+        threads = devices.compute_threads(devices.affinity_cpu_count(), host, local_size)
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    cycle = devices.gloo_cycle_time_ms("gloo", gpus, threads, local_size, host, step_ms)
+    if cycle is not None:
+        os.environ[CYCLE_TIME] = f"{cycle:g}"
+        log.info("Horovod cycle time %g ms (Gloo, cores filled, step %g ms)", cycle, step_ms)
 
 
 def compute_threads() -> int:
@@ -191,7 +221,9 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int = 0) -> None:
     if size() == 1 or not variables:
         return
 
-    @tf.function
+    # A plain Python loop, unrolled at tracing: no AutoGraph (which warns about the closure each
+    # time a new function is made, e.g. at every elastic sync).
+    @tf.function(autograph=False)
     def broadcast_all() -> None:
         for i, var in enumerate(variables):
             var.assign(hvd.broadcast(var, root_rank, name=f"hvd_train.bcast.{i}"))

@@ -96,3 +96,61 @@ def mpi_should_yield(threads: int, local_size: int, host_cpus: int, gpus: int) -
     the compute is elsewhere, and Horovod's and Open MPI's defaults stay.
     """
     return gpus == 0 and threads * local_size >= host_cpus
+
+
+# Horovod's own default cycle (HOROVOD_CYCLE_TIME, ms), kept wherever `gloo_cycle_time_ms` does
+# not apply.
+HOROVOD_DEFAULT_CYCLE_MS = 1.0
+# Compute time one Gloo negotiation cycle takes from a rank whose threads fill the cores (ms).
+# Fitted on our 2-core machine (ResNet-20, two 1-thread ranks, `bench/peers.py`): the best cycle
+# was about 50 ms at a 790 ms step and 20-50 ms at 250-420 ms steps, 1 ms the worst (0.53 of the
+# ceiling); sqrt(2 * 1.5 * step) gives 49 and 27-35 ms. It is far more than the CPU time of the
+# negotiation itself (10-21% of a core at 1 ms); plausibly, a rank's negotiation waits for the other
+# rank's background thread to get a core, about a scheduler slice on a saturated host.
+GLOO_CYCLE_COST_MS = 1.5
+
+
+def gloo_cycle_time_ms(
+    controller: str,
+    gpus: int,
+    threads: int,
+    local_size: int,
+    host_cpus: int,
+    step_ms: float | None,
+    cycle_cost_ms: float = GLOO_CYCLE_COST_MS,
+) -> float | None:
+    """Horovod's cycle time (ms) for a Gloo job whose compute threads fill a CPU-only host, or
+    None where Horovod's default (1 ms) should stay.
+
+    Under Gloo, Horovod's background thread negotiates with every other rank over TCP once per
+    cycle, whether or not a collective is pending. When the ranks' threads already fill every
+    core, each cycle takes compute time from them: an overhead of about `cycle_cost_ms / cycle`
+    of the step. A longer cycle makes a collective wait longer for its negotiation: about half a
+    cycle per step on average (the toolkit's optimizer issues one grouped allreduce per step), an
+    overhead of `cycle / (2 * step_ms)`. Their sum is smallest at
+
+        cycle = sqrt(2 * cycle_cost_ms * step_ms),
+
+    e.g. 27 ms for a 250 ms step; never below Horovod's default, and never
+    above a quarter of the step. With GPUs the compute is elsewhere, under MPI the Open MPI rule
+    applies (`mpi_should_yield`), with free cores the cycle costs no compute: Horovod's default
+    stays. Without a step time there is nothing to weigh the latency against: default too.
+
+    Args:
+      controller: "gloo" or "mpi".
+      gpus: GPUs visible on the host.
+      threads, local_size, host_cpus: compute threads per rank, ranks on this host, host CPUs.
+      step_ms: the expected time of one training step (one batch) on one rank, or None.
+      cycle_cost_ms: compute time one cycle costs a saturated rank.
+
+    Raises:
+      ValueError: a non-positive step time or cycle cost.
+    """
+    if (step_ms is not None and step_ms <= 0) or cycle_cost_ms <= 0:
+        raise ValueError(
+            f"step_ms and cycle_cost_ms must be > 0, got {step_ms} and {cycle_cost_ms}"
+        )
+    if controller != "gloo" or gpus or threads * local_size < host_cpus or step_ms is None:
+        return None
+    cycle = math.sqrt(2.0 * cycle_cost_ms * step_ms)
+    return round(max(HOROVOD_DEFAULT_CYCLE_MS, min(cycle, step_ms / 4)), 1)

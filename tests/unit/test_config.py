@@ -385,6 +385,18 @@ BAD_OVERRIDES = [
     (["optimizer.decay=step"], "optimizer.decay_epochs: must list at least one epoch for decay"),
     (["train.epochs=2"], "optimizer.warmup_epochs: must be < train.epochs (2) for decay 'cosine'"),
     (["logging.csv=maybe"], "logging.csv: expected a boolean, got 'maybe'"),
+    (["train.step_ms=0"], "train.step_ms: must be > 0 or null, got 0.0"),
+    (["checkpoint.every_steps=-1"], "checkpoint.every_steps: must be >= 0, got -1"),
+    (["fault.stall_floor_s=0"], "fault.stall_floor_s: must be > 0, got 0.0"),
+    (["fault.stall_factor=0.5"], "fault.stall_factor: must be >= 1, got 0.5"),
+    (["fault.startup_s=-1"], "fault.startup_s: must be > 0, got -1.0"),
+    (
+        ["fault.heartbeat_s=30"],
+        "fault.heartbeat_s: must be > 0 and at most fault.stall_floor_s / 5",
+    ),
+    (["fault.stop_signals=[KILL]"], "fault.stop_signals: must be one of (TERM, INT, USR1, USR2,"),
+    (["fault.check_weights_every=-2"], "fault.check_weights_every: must be >= 0, got -2"),
+    (["fault.watchdog=sometimes"], "fault.watchdog: expected a boolean, got 'sometimes'"),
 ]
 
 

@@ -57,3 +57,27 @@ def test_gpu_for_local_rank():
 )
 def test_mpi_yields_when_compute_threads_fill_the_host(threads, local_size, host, gpus, expected):
     assert devices.mpi_should_yield(threads, local_size, host, gpus) is expected
+
+
+@pytest.mark.parametrize(
+    ("controller", "gpus", "threads", "local_size", "host", "step_ms", "expected"),
+    [
+        ("gloo", 0, 1, 2, 2, 250.0, 27.4),  # our CI: ResNet-20, two 1-thread ranks on 2 cores
+        ("gloo", 0, 1, 2, 2, 9.0, 2.2),  # a short step: capped at a quarter of it
+        ("gloo", 0, 1, 2, 2, 2.0, 1.0),  # never below Horovod's default
+        ("gloo", 0, 1, 2, 2, 10_000.0, 173.2),  # sqrt(2 * 1.5 * 10000)
+        ("gloo", 0, 1, 2, 2, None, None),  # no step time: Horovod's default stays
+        ("mpi", 0, 1, 2, 2, 250.0, None),  # MPI: the Open MPI rule applies instead
+        ("gloo", 2, 1, 2, 2, 250.0, None),  # GPUs: Horovod's default
+        ("gloo", 0, 4, 2, 16, 250.0, None),  # free cores: the cycle costs no compute
+        ("gloo", 0, 8, 2, 16, 250.0, 27.4),
+    ],
+)
+def test_gloo_cycle_time(controller, gpus, threads, local_size, host, step_ms, expected):
+    cycle = devices.gloo_cycle_time_ms(controller, gpus, threads, local_size, host, step_ms)
+    assert cycle == expected
+
+
+def test_gloo_cycle_time_rejects_non_positive_step():
+    with pytest.raises(ValueError, match="got 0"):
+        devices.gloo_cycle_time_ms("gloo", 0, 1, 2, 2, 0)
