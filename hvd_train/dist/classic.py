@@ -116,17 +116,15 @@ def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
     reduce = optimizer._allreduce_grads
 
     def counted(grads: Any, variables: Any = None, use_generic_names: bool = False) -> Any:
-        grads = list(grads)
-        sent = [g for g in grads if g is not None]
-        flagged = bool(sent) and variables is not None
-        if flagged:
-            # Horovod's function pairs gradients with variables (names, groups): the flag goes
-            # with its own variable.
-            grads.append(stop_flags.with_flag(sent, flags)[-1])
-            variables = [*variables, flags.local]
         out = reduce(grads, variables, use_generic_names)
         count.assign_add(1)
-        return stop_flags.without_flag(out, flags, len(out) - 1) if flagged else out
+        # The stop flag: a scalar allreduce issued beside the gradients', in the same step and
+        # Horovod cycle. Not inside their group as on Keras 3: Horovod caches this gradient
+        # function (a tf.function) across optimizers, and one traced with another optimizer's
+        # flag fails once that optimizer is gone ("referencing variables which have been deleted").
+        local = tf.cast(flags.local, tf.float32)
+        flags.agreed.assign(hvd.allreduce(local, op=hvd.Sum, name="hvd_train_stop_flag"))
+        return out
 
     optimizer._allreduce_grads = counted
     if optimizer._agg_helper is not None:

@@ -4,7 +4,9 @@ A stop signal reaches ranks at different moments, or one rank only; a rank that 
 got the signal would leave the others waiting in a collective it never joins. Instead each rank
 adds a scalar flag, 1 once it has been asked to stop, to the one grouped allreduce of the
 gradients: the reduced flag is non-zero on every rank after the same step, and all stop there. No
-extra collective runs, and reading the result after a step costs one scalar copy.
+extra collective runs, and reading the result after a step costs one scalar copy. (Keras 2, with
+Horovod's own optimizer: a scalar allreduce beside the gradients', in the same step; see
+`dist/classic.py`.)
 """
 
 from __future__ import annotations
