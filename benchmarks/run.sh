@@ -3,7 +3,7 @@
 # Run it on an otherwise idle machine: the figures are ratios measured side by side, but a busy
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
-#          {allreduce|scaling|plan|models|peers|overhead|cycle|all}
+#          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -45,9 +45,13 @@ cycle() {
   run "$VENV/bin/python" -m hvd_train.bench.peers compare --np "$NP" --repeats "$REPEATS" \
     --name cycle-gloo --out "$OUT" ceiling toolkit-gloo@cycle=1 toolkit-gloo toolkit-gloo@cycle=50
 }
+controllers() {
+  # Where Gloo's step time goes against MPI's: step breakdown and each thread group's CPU.
+  run hvd-train bench controllers --np "$NP" --repeats 3 --out "$OUT"
+}
 
 case "${1:-}" in
-  allreduce | scaling | plan | models | peers | overhead | cycle) "$1" ;;
-  all) allreduce; scaling; plan; models; overhead; peers; cycle ;;
+  allreduce | scaling | plan | models | peers | overhead | cycle | controllers) "$1" ;;
+  all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers ;;
   *) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -198,8 +198,9 @@ def cmd_bench(argv: Sequence[str]) -> int:
     parser = _Parser(prog="hvd-train bench", description="benchmarks; JSON + PNG in --out")
     parser.add_argument(
         "kind",
-        choices=["allreduce", "synthetic", "scaling", "peers"],
-        help="peers: the toolkit against MWMS and Horovod's recipe (own options: peers -h)",
+        choices=["allreduce", "synthetic", "scaling", "controllers", "peers"],
+        help="controllers: step breakdown and thread CPU under MPI and Gloo; "
+        "peers: the toolkit against MWMS and Horovod's recipe (own options: peers -h)",
     )
     parser.add_argument("--np", type=int, default=2, help="workers (max workers for scaling)")
     parser.add_argument("--model", default="resnet20")
@@ -208,7 +209,7 @@ def cmd_bench(argv: Sequence[str]) -> int:
     parser.add_argument("--num-iters", type=int, default=5)
     parser.add_argument("--num-batches-per-iter", type=int, default=10)
     parser.add_argument("--num-warmup-batches", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=5, help="scaling: alternations")
+    parser.add_argument("--repeats", type=int, default=5, help="scaling, controllers: alternations")
     parser.add_argument("--straggler", type=_straggler, help="scaling: rank=R,delay_ms=D")
     parser.add_argument("--mib", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--launcher", default="mpirun", choices=launch.LAUNCHERS)
@@ -216,6 +217,8 @@ def cmd_bench(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.np < 1:
         raise UsageError(f"hvd-train bench: --np must be >= 1, got {args.np}")
+    if args.repeats < 1:
+        raise UsageError(f"hvd-train bench: --repeats must be >= 1, got {args.repeats}")
     from hvd_train.bench import runner
 
     common = (args.model, args.shape, args.batch_size)
@@ -224,6 +227,8 @@ def cmd_bench(argv: Sequence[str]) -> int:
         runner.allreduce(args.np, args.mib, args.out)
     elif args.kind == "synthetic":
         runner.synthetic(args.np, *common, *loop, args.out, args.launcher)
+    elif args.kind == "controllers":
+        runner.controllers(*common, args.np, args.repeats, args.out)
     else:
         runner.scaling(*common, args.np, args.repeats, *loop, args.straggler, args.out)
     return 0

@@ -4,6 +4,9 @@ A measuring loop (not the training path): each step computes the gradients (a co
 finished before the clock reads), optionally sleeps on a straggler rank, then runs a one-float
 allreduce, which returns only when every rank has arrived (the wait for the slowest, plus one
 Horovod cycle), then the grouped allreduce of the gradients (the transfer), then the update.
+Over the timed steps it also reads, from /proc (Linux), how much CPU this rank's threads used:
+TensorFlow's compute threads, the main thread, and the rest (Horovod's background thread, the
+controller's transport threads), and how often the compute threads were preempted.
 
     mpirun -np 2 python -m hvd_train.bench.breakdown --model resnet20 --out b.json \
         [--straggler-rank 1 --delay-ms 200]
@@ -13,11 +16,61 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 PHASES = ("compute", "straggle", "wait", "allreduce", "apply")
+THREAD_GROUPS = ("compute", "main", "other")
+
+
+def thread_times(task_dir: Path = Path("/proc/self/task")) -> dict[int, tuple[str, float, int]]:
+    """{thread id: (group, CPU seconds, involuntary context switches)} of this process's threads.
+
+    Groups: "compute" (TensorFlow's pools, threads named tf_*), "main" (the process's first
+    thread), "other". Empty where /proc is not there (not Linux).
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    owner = task_dir.parent.name
+    main_tid = os.getpid() if owner == "self" else int(owner)
+    threads = {}
+    for task in task_dir.glob("[0-9]*"):
+        try:
+            stat = (task / "stat").read_text()
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended while we looked
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+        preempted = next(
+            int(line.split()[1])
+            for line in status.splitlines()
+            if line.startswith("nonvoluntary_ctxt_switches:")
+        )
+        tid = int(task.name)
+        group = "compute" if name.startswith("tf_") else "main" if tid == main_tid else "other"
+        threads[tid] = (group, cpu, preempted)
+    return threads
+
+
+def thread_usage(
+    before: dict[int, tuple[str, float, int]],
+    after: dict[int, tuple[str, float, int]],
+    seconds: float,
+) -> dict[str, float]:
+    """CPU used by each thread group over `seconds` (in cores: 1.0 = one core all the time), and
+    the compute threads' preemptions per second. Threads born in between count from zero."""
+    usage = {f"{group}_cores": 0.0 for group in THREAD_GROUPS}
+    preempted = 0
+    for tid, (group, cpu, switches) in after.items():
+        _, cpu0, switches0 = before.get(tid, (group, 0.0, 0))
+        usage[f"{group}_cores"] += (cpu - cpu0) / seconds
+        if group == "compute":
+            preempted += switches - switches0
+    usage["compute_preemptions_per_s"] = preempted / seconds
+    return usage
 
 
 def run(
@@ -64,6 +117,8 @@ def run(
     flag = tf.constant(0.0)
     samples = {phase: [] for phase in PHASES}
     for step in range(steps + 3):  # 3 untimed steps trace and warm up
+        if step == 3:
+            threads_before, timed_from = thread_times(), time.perf_counter()
         t0 = time.perf_counter()
         grads = gradients()
         grads[-1].numpy()
@@ -83,8 +138,10 @@ def run(
                 PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True
             ):
                 samples[phase].append(seconds)
+    usage = thread_usage(threads_before, thread_times(), time.perf_counter() - timed_from)
     mine = {phase: 1e3 * statistics.median(v) for phase, v in samples.items()}
     per_rank = dist.allgather_object(mine)
+    threads_per_rank = dist.allgather_object(usage)
     grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     return {
         "bench": "breakdown",
@@ -95,6 +152,10 @@ def run(
         "straggler_rank": straggler_rank,
         "delay_ms": delay_ms,
         "median_ms_per_rank": per_rank,
+        "threads_per_rank": threads_per_rank,
+        # horovodrun sets HOROVOD_CONTROLLER; mpirun and srun leave Horovod on MPI.
+        "controller": os.environ.get("HOROVOD_CONTROLLER", "mpi"),
+        "horovod_cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1")),
     }
 
 

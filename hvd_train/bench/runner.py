@@ -267,6 +267,8 @@ def _breakdown(
     rank: int | None,
     delay_ms: float,
     env: dict[str, str] | None,
+    launcher: str = "mpirun",
+    steps: int = 20,
 ) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "b.json"
@@ -277,12 +279,14 @@ def _breakdown(
             *map(str, shape),
             "--batch-size",
             str(batch),
+            "--steps",
+            str(steps),
             "--out",
             str(out),
         ]
         if rank is not None:
             args += ["--straggler-rank", str(rank), "--delay-ms", str(delay_ms)]
-        _launch(np, _python_module("breakdown", *args), env)
+        _launch(np, _python_module("breakdown", *args), env, launcher)
         result = json.loads(out.read_text())
     for r, phases in enumerate(result["median_ms_per_rank"]):
         print(
@@ -344,6 +348,128 @@ def _plot_scaling(result: dict, png: Path) -> None:
     right.set_xticks(range(len(bars)), labels, fontsize=8)
     right.set(ylabel="ms per step (median)", title="where a step's time goes")
     right.legend()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# --- controllers --------------------------------------------------------------------------------
+
+# (name, launcher, how the Horovod cycle is chosen). "derived" passes the step time the MPI run of
+# the same round measured, so `dist.init` derives the Gloo cycle (devices.gloo_cycle_time_ms).
+CONTROLLERS = (
+    ("mpi", "mpirun", "default"),
+    ("gloo, 1 ms cycle", "horovodrun-gloo", "1"),
+    ("gloo, derived cycle", "horovodrun-gloo", "derived"),
+)
+
+
+def _step_ms(breakdown: dict) -> float:
+    """The slowest rank's median step (every phase)."""
+    return max(sum(phases.values()) for phases in breakdown["median_ms_per_rank"])
+
+
+def controllers(
+    model: str, shape: list[int], batch: int, np: int, repeats: int, out_dir: Path
+) -> dict:
+    """The step breakdown and each thread group's CPU under the MPI and the Gloo controller.
+
+    Per round: MPI first (its step time feeds the derived Gloo cycle), then the Gloo runs in an
+    order that rotates every round. Figures: per contestant and rank, the median over rounds.
+    """
+    rounds: list[dict[str, dict]] = []
+    gloo = [c for c in CONTROLLERS if c[1] != "mpirun"]
+    for i in range(repeats):
+        runs: dict[str, dict] = {}
+        order = [CONTROLLERS[0], *gloo[i % len(gloo) :], *gloo[: i % len(gloo)]]
+        for name, launcher, cycle in order:
+            env = {}
+            if cycle == "derived":
+                env["HVD_TRAIN_STEP_MS"] = f"{_step_ms(runs['mpi']):.1f}"
+            elif cycle != "default":
+                env["HOROVOD_CYCLE_TIME"] = cycle
+            print(f"round {i + 1}/{repeats}: {name}", flush=True)
+            runs[name] = _breakdown(model, shape, batch, np, None, 0.0, env, launcher, steps=30)
+        rounds.append(runs)
+    summary = {}
+    for name, _, _ in CONTROLLERS:
+        per_rank = []
+        for r in range(np):
+            phases = {
+                key: statistics.median(run[name][field][r][key] for run in rounds)
+                for field in ("median_ms_per_rank", "threads_per_rank")
+                for key in rounds[0][name][field][r]
+            }
+            per_rank.append(phases)
+        summary[name] = {
+            "per_rank": per_rank,
+            "cycle_ms": [run[name]["horovod_cycle_time_ms"] for run in rounds],
+            "step_ms": statistics.median(_step_ms(run[name]) for run in rounds),
+        }
+    result = {
+        "bench": "controllers",
+        "model": model,
+        "shape": shape,
+        "per_rank_batch_size": batch,
+        "np": np,
+        "repeats": repeats,
+        "load_after": os.getloadavg()[0],
+        "summary": summary,
+        "rounds": rounds,
+    }
+    _write(out_dir, "controllers", result)
+    _plot_controllers(result, out_dir / "controllers.png")
+    for name, row in summary.items():
+        print(f"{name:<20} step {row['step_ms']:6.1f} ms (cycle {row['cycle_ms'][0]:g} ms)")
+        for r, v in enumerate(row["per_rank"]):
+            print(
+                f"  rank {r}: compute {v['compute']:.1f}, wait {v['wait']:.1f}, "
+                f"allreduce {v['allreduce']:.1f}, apply {v['apply']:.1f} ms; cores used: "
+                f"compute threads {v['compute_cores']:.2f}, main {v['main_cores']:.2f}, "
+                f"other {v['other_cores']:.2f}; compute threads preempted "
+                f"{v['compute_preemptions_per_s']:.0f}/s"
+            )
+    return result
+
+
+def _plot_controllers(result: dict, png: Path) -> None:
+    import numpy as np
+
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+    labels, rows = [], []
+    for name, row in result["summary"].items():
+        two_lines = name.replace(", ", "\n")
+        for r, v in enumerate(row["per_rank"]):
+            labels.append(f"{two_lines}\nrank {r}")
+            rows.append(v)
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for phase in ("compute", "wait", "allreduce", "apply"):
+        values = np.array([v[phase] for v in rows])
+        left.bar(x, values, bottom=bottom, label=phase)
+        bottom += values
+    left.set_xticks(x, labels, fontsize=7)
+    left.set(ylabel="ms per step (median)", title="where a step's time goes, by controller")
+    left.legend()
+    bottom = np.zeros(len(rows))
+    for group in ("compute", "main", "other"):
+        values = np.array([v[f"{group}_cores"] for v in rows])
+        right.bar(x, values, bottom=bottom, label=f"{group} threads")
+        bottom += values
+    for i, v in enumerate(rows):
+        right.annotate(
+            f"{v['compute_preemptions_per_s']:.0f}/s",
+            (i, bottom[i]),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+    right.set_xticks(x, labels, fontsize=7)
+    right.set(
+        ylabel="cores used (1 = one core)",
+        title="CPU per thread group; compute threads preempted per s",
+    )
+    right.legend(fontsize=8)
     fig.savefig(png, dpi=110)
     plt.close(fig)
 
