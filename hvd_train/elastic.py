@@ -62,11 +62,19 @@ import tensorflow as tf
 from hvd_train import checkpoint as ckpt
 from hvd_train import config as config_lib
 from hvd_train import data, dist
-from hvd_train.callbacks import CheckpointWriter, JsonMetrics, distributed_callbacks
+from hvd_train.callbacks import distributed_callbacks
 from hvd_train.dist import stack
 from hvd_train.dist.elastic import State, collective_failures, run
 from hvd_train.lr_schedule import scaled_warmup_schedule
-from hvd_train.train import Result, atomic_write, configure_logging, make_optimizer, run_record
+from hvd_train.train import (
+    Result,
+    atomic_write,
+    build_model,
+    compile_distributed,
+    configure_logging,
+    file_writers,
+    run_record,
+)
 
 log = logging.getLogger("hvd_train")
 
@@ -268,28 +276,8 @@ def _best_on_disk(checkpoint_dir: Path) -> dict[str, Any] | None:
 
 def _writers(job: _Job, size: int, steps: int) -> list[keras.callbacks.Callback]:
     """Rank 0's files, continued from what the previous rank 0 wrote."""
-    config, run_dir = job.config, job.run_dir
-    writers = [
-        CheckpointWriter(
-            run_dir / "checkpoints",
-            keep_last=config.checkpoint.keep_last,
-            monitor=config.checkpoint.monitor,
-            mode=config.checkpoint.mode,
-            meta={
-                "config": config_lib.to_dict(config),
-                "size": size,
-                "data_seed": config.data.seed,
-                "steps_per_epoch": steps,
-            },
-            best=_best_on_disk(run_dir / "checkpoints"),
-        ),
-        JsonMetrics(run_dir / "metrics.json"),
-    ]
-    if config.logging.csv:
-        writers.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
-    if config.logging.tensorboard:
-        writers.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
-    return writers
+    best = _best_on_disk(job.run_dir / "checkpoints")
+    return file_writers(job.config, job.run_dir, size, steps, best)
 
 
 def _train(state: TrainingState, job: _Job) -> Result:
@@ -417,9 +405,7 @@ def train_elastic(config: Any, run_dir: Path, *, argv: list[str] | None = None) 
     if os.environ.get("HOROVOD_ELASTIC") != "1":
         log.warning("--elastic outside horovodrun's elastic mode: workers cannot leave or join")
 
-    import models
-
-    train_cfg, opt_cfg = config.train, config.optimizer
+    train_cfg = config.train
     keras.mixed_precision.set_global_policy(train_cfg.precision)
     keras.utils.set_random_seed(train_cfg.seed)
     if train_cfg.deterministic:
@@ -436,36 +422,13 @@ def train_elastic(config: Any, run_dir: Path, *, argv: list[str] | None = None) 
             "enough memory): TFRecord files read every epoch have no data position"
         )
 
-    if config.model.file is not None:
-        models.load_file(config.model.file)
-    try:
-        model = models.build(
-            config.model.name, source.input_shape, source.num_classes, **config.model.params
-        )
-    except TypeError as err:  # an unknown or misspelled builder argument
-        raise config_lib.ConfigError(f"model.params: {err}") from None
-    if train_cfg.sync_batchnorm:
-        try:
-            model = dist.convert_sync_batchnorm(model)
-        except ValueError as err:
-            raise config_lib.ConfigError(f"train.sync_batchnorm: {err}") from None
+    model = build_model(config, source.input_shape, source.num_classes)
     # `_train` sets the schedule for the worker count of the moment; this one only makes the rate
     # a schedule from the start (a rate variable would be dropped from the optimizer's variables
     # when the schedule replaces it, and a joining worker would broadcast one variable more).
     per_rank_batch, global_batch = config_lib.resolved_batch_sizes(config, dist.size())
     steps = _steps_per_epoch(source, config, per_rank_batch, rank, dist.size())
-    optimizer = dist.DistributedOptimizer(
-        make_optimizer(opt_cfg, _schedule(config, global_batch, steps, Progress(), 0)),
-        compression=getattr(dist.Compression, opt_cfg.compression),
-        gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
-    )
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=train_cfg.jit_compile,
-    )
-    optimizer.build(model.trainable_variables)
+    compile_distributed(model, config, _schedule(config, global_batch, steps, Progress(), 0))
 
     # Run records are written once, by the first rank 0 (a joining worker is never rank 0:
     # horovodrun keeps the oldest hosts first).

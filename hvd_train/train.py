@@ -142,6 +142,81 @@ def make_optimizer(opt_cfg: Any, schedule: Any) -> Any:
     return keras.optimizers.Adam(schedule)
 
 
+def build_model(config: Any, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The configured model (zoo or `model.file`), with SyncBatchNorm where asked.
+
+    Raises:
+      ConfigError: model.params the builder does not take, or a model SyncBatchNorm cannot convert.
+    """
+    import models
+
+    if config.model.file is not None:
+        models.load_file(config.model.file)  # every rank; a no-op after check_train_args
+    try:
+        model = models.build(config.model.name, input_shape, num_classes, **config.model.params)
+    except TypeError as err:  # an unknown or misspelled builder argument
+        raise config_lib.ConfigError(f"model.params: {err}") from None
+    if config.train.sync_batchnorm:
+        try:
+            model = dist.convert_sync_batchnorm(model)
+        except ValueError as err:
+            raise config_lib.ConfigError(f"train.sync_batchnorm: {err}") from None
+    return model
+
+
+def compile_distributed(model: Any, config: Any, schedule: Any) -> Any:
+    """Compile `model` with the configured optimizer inside Horovod's gradient averaging, and
+    build the optimizer's variables now (a checkpoint restore or a broadcast needs them).
+    Returns the distributed optimizer."""
+    import keras
+
+    opt_cfg = config.optimizer
+    optimizer = dist.DistributedOptimizer(
+        make_optimizer(opt_cfg, schedule),
+        compression=getattr(dist.Compression, opt_cfg.compression),
+        gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
+        backward_passes_per_step=opt_cfg.backward_passes_per_step,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=config.train.jit_compile,
+    )
+    optimizer.build(model.trainable_variables)
+    return optimizer
+
+
+def file_writers(config: Any, run_dir: Path, size: int, steps: int, best: Any) -> list[Any]:
+    """Rank 0's writers: the CheckpointWriter first, then metrics.json, and metrics.csv and
+    TensorBoard where the config asks for them. `best`: the monitored best so far (resume)."""
+    import keras
+
+    from hvd_train.callbacks import CheckpointWriter, JsonMetrics
+
+    writers = [
+        CheckpointWriter(
+            run_dir / "checkpoints",
+            keep_last=config.checkpoint.keep_last,
+            monitor=config.checkpoint.monitor,
+            mode=config.checkpoint.mode,
+            meta={
+                "config": config_lib.to_dict(config),
+                "size": size,
+                "data_seed": config.data.seed,
+                "steps_per_epoch": steps,
+            },
+            best=best,
+        ),
+        JsonMetrics(run_dir / "metrics.json"),
+    ]
+    if config.logging.csv:
+        writers.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
+    if config.logging.tensorboard:
+        writers.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+    return writers
+
+
 def _restore(model: Any, checkpoint: Any) -> None:
     """Put a checkpoint's values into the model and its (built) optimizer (rank 0)."""
     optimizer_variables = dist.optimizer_variables(model.optimizer)
@@ -217,10 +292,9 @@ def _train(
     import keras
     import tensorflow as tf
 
-    import models
     from hvd_train import callbacks as cbs
     from hvd_train import data
-    from hvd_train.callbacks import CheckpointWriter, JsonMetrics, distributed_callbacks
+    from hvd_train.callbacks import distributed_callbacks
     from hvd_train.lr_schedule import scaled_warmup_schedule
 
     train_cfg, opt_cfg = config.train, config.optimizer
@@ -259,34 +333,26 @@ def _train(
         fits = data.fits_in_memory(arrays, dist.local_size())
         if all(dist.allgather_object(fits, name="hvd_train.data_fits")):
             arrays = data.decode_into_memory(arrays)
-    train_ds, steps = data.train_dataset(
-        arrays,
-        per_rank_batch,
-        rank,
-        size,
-        seed=config.data.seed,
-        augment=config.data.augment,
-        initial_epoch=initial_epoch,
-        # The cap shortens every epoch of the data too, so a resumed run reads what an
-        # uninterrupted one would.
-        max_steps=train_cfg.steps_per_epoch,
-    )
+
+    def epochs_from(first_epoch: int) -> tuple[Any, int]:
+        return data.train_dataset(
+            arrays,
+            per_rank_batch,
+            rank,
+            size,
+            seed=config.data.seed,
+            augment=config.data.augment,
+            initial_epoch=first_epoch,
+            # The cap shortens every epoch of the data too, so a resumed run reads what an
+            # uninterrupted one would.
+            max_steps=train_cfg.steps_per_epoch,
+        )
+
+    train_ds, steps = epochs_from(initial_epoch)
     val_ds = data.validation_dataset(arrays, per_rank_batch, rank, size)
 
     # --- model and the distributed optimizer -------------------------------------------------
-    if config.model.file is not None:
-        models.load_file(config.model.file)  # every rank; a no-op after check_train_args
-    try:
-        model = models.build(
-            config.model.name, arrays.input_shape, arrays.num_classes, **config.model.params
-        )
-    except TypeError as err:  # an unknown or misspelled builder argument
-        raise config_lib.ConfigError(f"model.params: {err}") from None
-    if train_cfg.sync_batchnorm:
-        try:
-            model = dist.convert_sync_batchnorm(model)
-        except ValueError as err:
-            raise config_lib.ConfigError(f"train.sync_batchnorm: {err}") from None
+    model = build_model(config, arrays.input_shape, arrays.num_classes)
     passes = opt_cfg.backward_passes_per_step
     schedule = scaled_warmup_schedule(
         base_lr=opt_cfg.base_lr,
@@ -301,19 +367,7 @@ def _train(
         decay_rate=opt_cfg.decay_rate,
         decay_epochs=opt_cfg.decay_epochs,
     )
-    optimizer = dist.DistributedOptimizer(
-        make_optimizer(opt_cfg, schedule),
-        compression=getattr(dist.Compression, opt_cfg.compression),
-        gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
-        backward_passes_per_step=passes,
-    )
-    model.compile(
-        optimizer=optimizer,
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=train_cfg.jit_compile,
-    )
-    optimizer.build(model.trainable_variables)
+    compile_distributed(model, config, schedule)
     # Ranks started with another config, software or model fail here, by name, on every rank.
     shapes = [list(v.shape) for v in model.variables]
     fingerprint = guards.fingerprint(config_lib.to_dict(config), versions(), shapes)
@@ -340,24 +394,8 @@ def _train(
             launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv or []}
             f.write(json.dumps({**launch, "size": size, "initial_epoch": initial_epoch}) + "\n")
         (run_dir / "config.yaml").write_text(config_lib.dump(config))
-        writer = CheckpointWriter(
-            checkpoint_dir,
-            keep_last=config.checkpoint.keep_last,
-            monitor=config.checkpoint.monitor,
-            mode=config.checkpoint.mode,
-            meta={
-                "config": config_lib.to_dict(config),
-                "size": size,
-                "data_seed": config.data.seed,
-                "steps_per_epoch": steps,
-            },
-            best=(meta or {}).get("best"),
-        )
-        writers += [writer, JsonMetrics(run_dir / "metrics.json")]
-        if config.logging.csv:
-            writers.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
-        if config.logging.tensorboard:
-            writers.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+        writers += file_writers(config, run_dir, size, steps, best=(meta or {}).get("best"))
+        writer = writers[0]
 
     def write_checkpoint(epoch: int, step: int) -> Path:
         # Rank 0 only; the watchdogs wait while it writes.
@@ -390,16 +428,7 @@ def _train(
             (rest, initial_epoch, initial_epoch + 1, steps - initial_step, initial_step)
         )
         if initial_epoch + 1 < last_epoch:
-            train_ds, _ = data.train_dataset(
-                arrays,
-                per_rank_batch,
-                rank,
-                size,
-                seed=config.data.seed,
-                augment=config.data.augment,
-                initial_epoch=initial_epoch + 1,
-                max_steps=train_cfg.steps_per_epoch,
-            )
+            train_ds, _ = epochs_from(initial_epoch + 1)
             segments.append((train_ds, initial_epoch + 1, last_epoch, steps, 0))
     elif initial_epoch < last_epoch:
         segments.append((train_ds, initial_epoch, last_epoch, steps, 0))
