@@ -117,6 +117,10 @@ def run(mib: list[int], warmup: int, iters: int, timeline_dir: Path | None = Non
         x = np.full(max(mib) * MiB // 4, rank + 1, np.float32)
         result["timeline_MiB"] = max(mib)
         result["timeline_ms_per_allreduce"] = horovod_timeline(x, iters, timeline_dir / "tl.json")
+    # All ranks end Horovod (and MPI) here together, before rank 0 writes the result: not rank 0's
+    # background thread finalizing MPI while its main thread writes, when rank 1 exits first.
+    comm.Barrier()
+    dist.shutdown()
     return result if rank == 0 else {}
 
 

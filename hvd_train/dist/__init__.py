@@ -29,6 +29,7 @@ from hvd_train.dist.core import (
     local_rank,
     local_size,
     rank,
+    shutdown,
     size,
 )
 from hvd_train.dist.layers import SyncBatchNormalization, convert_sync_batchnorm
@@ -86,6 +87,7 @@ __all__ = [
     "reduce_metrics_over_ranks",
     "request_stop",
     "restore_jit_compile",
+    "shutdown",
     "size",
     "stop_agreed",
     "traces_collectives",

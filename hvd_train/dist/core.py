@@ -6,6 +6,8 @@ shapes: gate side effects by rank, never collectives, or the job hangs.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -30,7 +32,8 @@ def init(threads: int | None = None, pin_gpu: bool = True, step_ms: float | None
     """Start Horovod and place this rank: one GPU per local rank, a fair share of the CPU threads.
 
     Must run before TensorFlow executes its first op, since device visibility and thread pools are
-    fixed from then on. Calling it again is a no-op.
+    fixed from then on. Calling it again is a no-op. Enables `faulthandler`, so that a rank killed
+    by a fatal signal in native code prints its Python stacks.
 
     Args:
       threads: intra- and inter-op threads for TensorFlow; None derives them from this rank's CPU
@@ -46,6 +49,11 @@ def init(threads: int | None = None, pin_gpu: bool = True, step_ms: float | None
     global _compute_threads
     if hvd.is_initialized() and _compute_threads is not None:
         return
+    if not faulthandler.is_enabled():
+        # A rank killed by a fatal signal inside MPI, Horovod or TensorFlow prints its Python stacks
+        # (all threads): in a job of many ranks the log then says which rank died, and where.
+        with contextlib.suppress(ValueError, AttributeError, OSError, RuntimeError):
+            faulthandler.enable(all_threads=True)  # fails only where stderr is no file (notebooks)
     _tune_mpi(threads)
     _tune_gloo_cycle(threads, step_ms)
     hvd.init()
@@ -195,6 +203,18 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
 def barrier() -> None:
     """Block until every rank has reached this point."""
     hvd.allreduce(tf.constant(0.0), op=Sum, name="hvd_train.barrier").numpy()
+
+
+def shutdown() -> None:
+    """End Horovod on every rank at one point (call it on every rank): a barrier, then the shutdown
+    (under mpirun, Horovod's background thread finalizes MPI).
+
+    Without it, the first rank to exit ends Horovod for all (its request travels in the next
+    cycle), and the others finalize MPI in the background while their main threads still work.
+    Collectives fail afterwards.
+    """
+    barrier()
+    hvd.shutdown()
 
 
 def allreduce_mean(values: Mapping[str, float]) -> dict[str, float]:

@@ -183,6 +183,28 @@ def test_frozen_rank_is_named_and_the_job_aborts(tmp_path, launcher):
     print(f"{launcher}: frozen rank 1 -> exit {job.returncode} after {took:.1f}s: {line}")
 
 
+def test_a_rank_crashing_in_native_code_prints_its_python_stack_and_ends_the_job():
+    program = (
+        "import ctypes\n"
+        "import tensorflow as tf\n"
+        "from hvd_train import dist\n"
+        "dist.init()\n"
+        "def crash_in_native_code():\n"
+        "    ctypes.string_at(0)  # reads address 0: SIGSEGV inside a C function\n"
+        "if dist.rank() == 1:\n"
+        "    crash_in_native_code()\n"
+        "dist.allreduce(tf.constant(1.0), op=dist.Sum)  # rank 0 waits for the dead rank\n"
+    )
+    # No PYTHONFAULTHANDLER: the stack must come from dist.init() enabling faulthandler.
+    argv = launch.build("mpirun", 2, [PYTHON, "-c", program])
+    job = run(argv, timeout=120, env={"PYTHONFAULTHANDLER": ""})
+
+    assert job.returncode != 0, job.tail()
+    assert "Fatal Python error: Segmentation fault" in job.output, job.tail()
+    assert 'File "<string>", line 6 in crash_in_native_code' in job.output, job.tail()
+    print(f"a rank's SIGSEGV: job ended with exit {job.returncode} after {job.seconds:.1f}s")
+
+
 def test_ranks_started_with_different_configs_fail_naming_the_rank(tmp_path):
     run_dir = tmp_path / "run"
     base = [*HVD_TRAIN, *TRAIN, "--set", f"run_dir={run_dir}"]
