@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from hvd_train import data
-from hvd_train.config import DataConfig
+from hvd_train.core.config import DataConfig
 
 
 @pytest.mark.parametrize(("num_samples", "size"), [(100, 1), (100, 3), (1797, 4), (10, 10)])
@@ -44,12 +44,37 @@ def test_dataset_yields_the_shard_in_equal_steps():
 
 
 def test_too_little_data_and_mismatched_arrays_are_errors():
-    with pytest.raises(ValueError, match="10 samples are too few for 4 ranks x batch 4"):
+    with pytest.raises(data.DataError, match="10 training samples on 4 ranks: 2 per rank, not one"):
         data.steps_per_epoch(10, 4, 4)
-    with pytest.raises(ValueError, match="arrays differ in length"):
+    with pytest.raises(data.DataError, match=r"arrays differ in length: \[10, 9\]"):
         data.shard_dataset((np.zeros(10), np.zeros(9)), 2, 0, 1)
-    with pytest.raises(ValueError, match=r"rank 3 is outside 0\.\.2"):
+    with pytest.raises(data.DataError, match=r"rank 3 is outside 0\.\.2"):
         data.shard_indices(10, 3, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("n", "batch", "rank", "size", "message"),
+    [
+        (10, 4, 0, 4, "10 training samples on 4 ranks: 2 per rank, not one batch of 4"),
+        (3, 1, 0, 4, "3 training samples are fewer than the 4 ranks"),
+        (10, 0, 0, 2, "per-rank batch size 0: must be >= 1"),
+        (10, 1, 2, 2, r"rank 2 is outside 0\.\.1"),
+    ],
+)
+def test_shard_dataset_and_train_dataset_raise_the_same_errors(n, batch, rank, size, message):
+    x, y = np.zeros((n, 2), np.float32), np.zeros(n, np.int32)
+    with pytest.raises(data.DataError, match=f"^{message}$"):
+        data.shard_dataset((x, y), batch, rank, size)
+    with pytest.raises(data.DataError, match=f"^{message}$"):
+        data.train_dataset(data.Arrays(x, y, x, y, num_classes=2), batch, rank, size)
+
+
+def test_mismatched_arrays_are_the_same_error_in_both():
+    x, y = np.zeros((10, 2), np.float32), np.zeros(9, np.int32)
+    with pytest.raises(data.DataError, match=r"^arrays differ in length: \[10, 9\]$"):
+        data.shard_dataset((x, y), 2, 0, 1)
+    with pytest.raises(data.DataError, match=r"^arrays differ in length: \[10, 9\]$"):
+        data.train_dataset(data.Arrays(x, y, x, y, num_classes=2), 2, 0, 1)
 
 
 def images(n=12, seed=0):
@@ -116,7 +141,9 @@ def test_uint8_pixels_reach_the_model_in_0_1_and_max_steps_shortens_each_epoch()
     for epoch in range(2):  # each epoch of the dataset is the first 2 batches of that epoch's shard
         ids = np.concatenate([yb for _, yb in batches[epoch * steps : (epoch + 1) * steps]])
         assert np.array_equal(ids, data.shard_indices(40, 1, 2, epoch, seed=2)[:8])
-    with pytest.raises(data.DataError, match="40 training samples on 2 ranks hold 20 samples"):
+    with pytest.raises(
+        data.DataError, match="40 training samples on 2 ranks: 20 per rank, not one"
+    ):
         data.train_dataset(arrays, 32, 0, 2)
 
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from hvd_train import data
-from hvd_train.config import DataConfig
+from hvd_train.core.config import DataConfig
 
 
 def encoded_png(value: int, height: int = 4, width: int = 4) -> bytes:
