@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from hvd_train.bench import runner
+from hvd_train.core import processes
 
 REPO = Path(__file__).resolve().parents[1]
 # name -> input shape (token models take sequences of ids)
@@ -50,17 +50,15 @@ def accuracy(config: str, np: int) -> float:
             "--set",
             "logging.tensorboard=false",
         ]
-        out = subprocess.run(
-            argv,
-            cwd=REPO,
-            env=runner.job_env(),
-            capture_output=True,
-            text=True,
-            timeout=runner.TIMEOUT_S,
+        done = processes.run(
+            argv, processes.child_env(), runner.TIMEOUT_S, cwd=REPO, capture="separate"
         )
-        found = re.findall(r"result (\{.*\})", out.stdout)
-        if out.returncode != 0 or not found:
-            raise RuntimeError(f"training {config} failed:\n{out.stderr[-2000:]}")
+        found = re.findall(r"result (\{.*\})", done.output)
+        if not done.ok or not found:
+            raise RuntimeError(
+                f"training {config} failed ({done.outcome(runner.TIMEOUT_S)}):\n"
+                f"{done.errors[-2000:]}"
+            )
         return json.loads(found[-1])["final"]["accuracy"]
 
 

@@ -27,22 +27,22 @@ scaling() {
 }
 plan() { run hvd-train plan --out "$OUT"; }
 models() { run "$VENV/bin/python" benchmarks/models.py --np "$NP" --out "$OUT"; }
-# Side by side, alternated, as ratios to the no-communication ceiling (hvd_train/bench/peers.py).
+# Side by side, alternated, as ratios to the no-communication ceiling (benchmarks/peers.py).
 peers() {
   # Classic stack (Keras 2), where Horovod's own Keras recipe runs: the peers against the toolkit.
-  run "$CLASSIC_VENV/bin/python" -m hvd_train.bench.peers compare --np "$NP" --repeats "$REPEATS" \
+  run "$CLASSIC_VENV/bin/python" -m benchmarks.peers compare --np "$NP" --repeats "$REPEATS" \
     --name peers-classic --out "$OUT" \
     ceiling mwms horovod-gloo horovod-mpirun toolkit-gloo toolkit-mpirun
 }
 overhead() {
   # One worker with the threads the toolkit gives it (all cores): its fit path against plain
   # Keras fit(), same model, data, batch and threads.
-  run "$VENV/bin/python" -m hvd_train.bench.peers compare --np 1 --repeats "$((REPEATS + 2))" \
+  run "$VENV/bin/python" -m benchmarks.peers compare --np 1 --repeats "$((REPEATS + 2))" \
     --epochs 5 --threads "$(nproc)" --name overhead --out "$OUT" keras toolkit
 }
 cycle() {
   # Gloo: Horovod's default cycle (1 ms) against the derived one, and a fixed 50 ms.
-  run "$VENV/bin/python" -m hvd_train.bench.peers compare --np "$NP" --repeats "$REPEATS" \
+  run "$VENV/bin/python" -m benchmarks.peers compare --np "$NP" --repeats "$REPEATS" \
     --name cycle-gloo --out "$OUT" ceiling toolkit-gloo@cycle=1 toolkit-gloo toolkit-gloo@cycle=50
 }
 controllers() {

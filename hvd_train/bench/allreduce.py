@@ -54,30 +54,30 @@ def _ends(tensor) -> np.ndarray:
 
 def horovod_timeline(x: np.ndarray, iters: int, path: Path) -> dict[str, float]:
     """Milliseconds per Horovod activity per allreduce of `x`, from its timeline (rank 0's)."""
-    from hvd_train import dist
-    from hvd_train.dist import timeline
+    from hvd_train import comm
+    from hvd_train.comm import timeline
 
     x_tf = tf.constant(x)
     with timeline.record(path):
         for _ in range(iters):
-            _ends(dist.allreduce(x_tf, op=dist.Sum, name="hvd_train.bench.timeline"))
-    if not dist.is_chief():
+            _ends(comm.allreduce(x_tf, op=comm.Sum, name="hvd_train.bench.timeline"))
+    if not comm.is_chief():
         return {}
     return {k: v / iters for k, v in sorted(timeline.activity_totals(path).items())}
 
 
 def run(mib: list[int], warmup: int, iters: int, timeline_dir: Path | None = None) -> dict:
     """Measure every method at every size; returns rank 0's result (others get {})."""
-    from hvd_train import dist
+    from hvd_train import comm
 
-    dist.init()
+    comm.init()
     from mpi4py import MPI  # after Horovod: it initialised MPI, mpi4py reuses it
 
-    comm = MPI.COMM_WORLD
-    n, rank = comm.Get_size(), comm.Get_rank()
-    if n != dist.size():
+    world = MPI.COMM_WORLD
+    n, rank = world.Get_size(), world.Get_rank()
+    if n != comm.size():
         raise RuntimeError("mpi4py and Horovod disagree on the world: run under mpirun")
-    check_ring(comm)
+    check_ring(world)
     expected = n * (n + 1) / 2
     rows = []
     for size_mib in mib:
@@ -87,15 +87,15 @@ def run(mib: list[int], warmup: int, iters: int, timeline_dir: Path | None = Non
         # checked values: no numpy conversion or 64 MiB copy-out in its time.
         x_tf = tf.constant(x)
         methods = {
-            f"horovod_{dist.controller()}": lambda x_tf=x_tf: _ends(
-                dist.allreduce(x_tf, op=dist.Sum)
+            f"horovod_{comm.controller()}": lambda x_tf=x_tf: _ends(
+                comm.allreduce(x_tf, op=comm.Sum)
             ),
-            "mpi4py_Allreduce": lambda x=x, out=out: (comm.Allreduce(x, out, op=MPI.SUM), out)[1],
-            "ring_mpi4py_numpy": lambda x=x: ring_allreduce(comm, x),
+            "mpi4py_Allreduce": lambda x=x, out=out: (world.Allreduce(x, out, op=MPI.SUM), out)[1],
+            "ring_mpi4py_numpy": lambda x=x: ring_allreduce(world, x),
             "memcpy": lambda x=x, out=out: (np.copyto(out, x), out)[1],
         }
         for name, fn in methods.items():
-            times, result = _timed(comm, fn, warmup, iters)
+            times, result = _timed(world, fn, warmup, iters)
             if name != "memcpy" and not (result[0] == expected and result[-1] == expected):
                 raise AssertionError(f"{name} at {size_mib} MiB: got {result[0]}, want {expected}")
             stats = summary(times)
@@ -112,15 +112,15 @@ def run(mib: list[int], warmup: int, iters: int, timeline_dir: Path | None = Non
             if name == "memcpy":  # one process copying: the bytes per second, not a bus bandwidth
                 row["busbw_GBps"] = x.nbytes / stats["median"] / 1e9
             rows.append(row)
-    result = {"bench": "allreduce", "np": n, "controller": dist.controller(), "rows": rows}
+    result = {"bench": "allreduce", "np": n, "controller": comm.controller(), "rows": rows}
     if timeline_dir is not None:  # where Horovod's time goes, at the largest size
         x = np.full(max(mib) * MiB // 4, rank + 1, np.float32)
         result["timeline_MiB"] = max(mib)
         result["timeline_ms_per_allreduce"] = horovod_timeline(x, iters, timeline_dir / "tl.json")
     # All ranks end Horovod (and MPI) here together, before rank 0 writes the result: not rank 0's
     # background thread finalizing MPI while its main thread writes, when rank 1 exits first.
-    comm.Barrier()
-    dist.shutdown()
+    world.Barrier()
+    comm.shutdown()
     return result if rank == 0 else {}
 
 

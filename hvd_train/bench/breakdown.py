@@ -81,16 +81,16 @@ def run(
     straggler_rank: int | None,
     delay_ms: float,
 ) -> dict:
-    from hvd_train import dist
+    from hvd_train import comm
 
-    dist.init()
+    comm.init()
     import keras
     import numpy as np
     import tensorflow as tf
 
     import models
 
-    rank, size = dist.rank(), dist.size()
+    rank, size = comm.rank(), comm.size()
     rng = np.random.default_rng(rank)
     x = tf.constant(rng.standard_normal((batch, *shape)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, (batch,)).astype("int32"))
@@ -98,7 +98,7 @@ def run(
     optimizer = keras.optimizers.SGD(0.01)
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    dist.broadcast_variables(model.variables)
+    comm.broadcast_variables(model.variables)
 
     @tf.function
     def gradients():
@@ -112,7 +112,7 @@ def run(
 
     @tf.function
     def reduce(grads):
-        return dist.grouped_allreduce(list(grads), op=dist.Average)
+        return comm.grouped_allreduce(list(grads), op=comm.Average)
 
     flag = tf.constant(0.0)
     samples = {phase: [] for phase in PHASES}
@@ -126,7 +126,7 @@ def run(
         if rank == straggler_rank:
             time.sleep(delay_ms / 1e3)
         t2 = time.perf_counter()
-        dist.allreduce(flag, op=dist.Sum, name="hvd_train.breakdown.wait").numpy()
+        comm.allreduce(flag, op=comm.Sum, name="hvd_train.breakdown.wait").numpy()
         t3 = time.perf_counter()
         reduced = reduce(grads) if size > 1 else grads
         reduced[-1].numpy()
@@ -140,8 +140,8 @@ def run(
                 samples[phase].append(seconds)
     usage = thread_usage(threads_before, thread_times(), time.perf_counter() - timed_from)
     mine = {phase: 1e3 * statistics.median(v) for phase, v in samples.items()}
-    per_rank = dist.allgather_object(mine)
-    threads_per_rank = dist.allgather_object(usage)
+    per_rank = comm.allgather_object(mine)
+    threads_per_rank = comm.allgather_object(usage)
     grad_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     return {
         "bench": "breakdown",
@@ -177,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         args.straggler_rank,
         args.delay_ms,
     )
-    from hvd_train import dist
+    from hvd_train import comm
 
-    if dist.is_chief():
+    if comm.is_chief():
         args.out.write_text(json.dumps(result, indent=1))
     return 0
 

@@ -1,31 +1,27 @@
 """The launcher side of `hvd-train bench ...` and `hvd-train plan`: start the ranks, collect the
-JSON, write it with a PNG beside it, print the figures. Every launch has a timeout."""
+JSON, write it with a PNG beside it (`figures`), print the figures. Every launch has a timeout
+(`hvd_train.core.processes`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from hvd_train import launch
+from hvd_train.bench import figures
 from hvd_train.bench import plan as plan_lib
+from hvd_train.core import launch, processes
 
 TIMEOUT_S = 1200
 
 
 def _python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"hvd_train.bench.{module}", *args]
-
-
-def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", **(extra or {})}
 
 
 def _launch(
@@ -36,12 +32,13 @@ def _launch(
     echo: bool = False,
 ) -> None:
     argv = launch.build(launcher, np, command)
-    out = subprocess.run(argv, env=job_env(env), capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = processes.run(argv, processes.child_env(env), TIMEOUT_S, capture="separate")
     if echo:
-        print("\n".join(line for line in out.stdout.splitlines() if not line.startswith("I0000")))
-    if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
-        raise RuntimeError(f"benchmark launch failed ({out.returncode}): {argv}\n{tail}")
+        print("\n".join(line for line in done.output.splitlines() if not line.startswith("I0000")))
+    if not done.ok:
+        raise RuntimeError(
+            f"benchmark launch failed ({done.outcome(TIMEOUT_S)}): {argv}\n{done.tail()}"
+        )
 
 
 def _write(out_dir: Path, name: str, result: dict) -> Path:
@@ -49,15 +46,6 @@ def _write(out_dir: Path, name: str, result: dict) -> Path:
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(result, indent=1))
     return path
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 # --- allreduce ----------------------------------------------------------------------------------
@@ -74,23 +62,7 @@ def allreduce(np: int, mib: list[int], out_dir: Path, env: dict[str, str] | None
         )
         result = json.loads(out.read_text())
     _write(out_dir, "allreduce", result)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
-    for method in dict.fromkeys(r["method"] for r in result["rows"]):
-        rows = [r for r in result["rows"] if r["method"] == method]
-        label = "memcpy (copy GB/s, one process)" if method == "memcpy" else method
-        ax.plot([r["MiB"] for r in rows], [r["busbw_GBps"] for r in rows], marker="o", label=label)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="message (MiB)",
-        ylabel="bus bandwidth (GB/s)",
-        title=f"allreduce, {result['np']} ranks on one host",
-    )
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
-    fig.savefig(out_dir / "allreduce.png", dpi=110)
-    plt.close(fig)
+    figures.allreduce(result, out_dir / "allreduce.png")
     for row in result["rows"]:
         print(
             f"{row['method']:<20} {row['MiB']:>5} MiB  {row['ms_median']:9.2f} ms  "
@@ -155,34 +127,16 @@ def ceiling(
     threads = max(1, (os.cpu_count() or 1) // np)
     start_at = time.time() + 30.0 + 10.0 * np  # after every process has imported and warmed up
     with tempfile.TemporaryDirectory() as tmp:
-        procs, outs = [], []
-        for i in range(np):
-            out = Path(tmp) / f"r{i}.json"
-            args = _synthetic_args(model, shape, batch, iters, per_iter, warmup)
-            command = _python_module(
-                "synthetic",
-                *args,
-                "--threads",
-                str(threads),
-                "--start-at",
-                str(start_at),
-                "--out",
-                str(out),
-            )
-            procs.append(
-                subprocess.Popen(
-                    command,
-                    env=job_env(),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
+        outs = [Path(tmp) / f"r{i}.json" for i in range(np)]
+        args = _synthetic_args(model, shape, batch, iters, per_iter, warmup)
+        timing = ["--threads", str(threads), "--start-at", str(start_at)]
+        commands = [_python_module("synthetic", *args, *timing, "--out", str(o)) for o in outs]
+        env = processes.child_env()
+        for done in processes.run_all(commands, [env] * np, TIMEOUT_S, capture="separate"):
+            if not done.ok:
+                raise RuntimeError(
+                    f"ceiling run failed ({done.outcome(TIMEOUT_S)}): {done.errors[-2000:]}"
                 )
-            )
-            outs.append(out)
-        for proc in procs:
-            _, err = proc.communicate(timeout=TIMEOUT_S)
-            if proc.returncode != 0:
-                raise RuntimeError(f"ceiling run failed: {err[-2000:]}")
         results = [json.loads(o.read_text()) for o in outs]
     return {
         "np": np,
@@ -255,7 +209,7 @@ def scaling(
         "horovod_env": {k: v for k, v in (env or {}).items() if k.startswith("HOROVOD_")},
     }
     _write(out_dir, f"scaling-{model}", result)
-    _plot_scaling(result, out_dir / f"scaling-{model}.png")
+    figures.scaling(result, out_dir / f"scaling-{model}.png")
     return result
 
 
@@ -296,66 +250,10 @@ def _breakdown(
     return result
 
 
-def _plot_scaling(result: dict, png: Path) -> None:
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
-    nps = [r["np"] for r in result["rows"]]
-    left.plot(
-        nps,
-        [r["toolkit_median"] for r in result["rows"]],
-        marker="o",
-        label="hvd_train (Horovod allreduce)",
-    )
-    left.plot(
-        nps,
-        [r["ceiling_median"] for r in result["rows"]],
-        marker="s",
-        label="ceiling: independent runs, no communication",
-    )
-    left.plot(
-        nps,
-        [n * result["rows"][0]["toolkit_median"] for n in nps],
-        ls="--",
-        c="gray",
-        label="linear from 1 worker",
-    )
-    left.set(
-        xlabel="workers",
-        ylabel="samples/s (all workers)",
-        xticks=nps,
-        title=f"{result['model']}, batch {result['per_rank_batch_size']} per worker",
-    )
-    left.grid(alpha=0.3)
-    left.legend()
-    labels, bottoms = [], None
-    bars = []
-    for b in result["breakdowns"]:
-        for r, phases in enumerate(b["median_ms_per_rank"]):
-            tag = f"rank {r}" + (
-                f"\n(+{b['delay_ms']:.0f} ms on rank {b['straggler_rank']})"
-                if b["straggler_rank"] is not None
-                else ""
-            )
-            labels.append(tag)
-            bars.append(phases)
-    import numpy as np
-
-    bottoms = np.zeros(len(bars))
-    for phase in ("compute", "straggle", "wait", "allreduce", "apply"):
-        values = np.array([b[phase] for b in bars])
-        right.bar(range(len(bars)), values, bottom=bottoms, label=phase)
-        bottoms += values
-    right.set_xticks(range(len(bars)), labels, fontsize=8)
-    right.set(ylabel="ms per step (median)", title="where a step's time goes")
-    right.legend()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
 # --- controllers --------------------------------------------------------------------------------
 
 # (name, launcher, how the Horovod cycle is chosen). "derived" passes the step time the MPI run of
-# the same round measured, so `dist.init` derives the Gloo cycle (devices.gloo_cycle_time_ms).
+# the same round measured, so `comm.init` derives the Gloo cycle (placement.gloo_cycle_time_ms).
 CONTROLLERS = (
     ("mpi", "mpirun", "default"),
     ("gloo, 1 ms cycle", "horovodrun-gloo", "1"),
@@ -417,7 +315,7 @@ def controllers(
         "rounds": rounds,
     }
     _write(out_dir, "controllers", result)
-    _plot_controllers(result, out_dir / "controllers.png")
+    figures.controllers(result, out_dir / "controllers.png")
     for name, row in summary.items():
         print(f"{name:<20} step {row['step_ms']:6.1f} ms (cycle {row['cycle_ms'][0]:g} ms)")
         for r, v in enumerate(row["per_rank"]):
@@ -429,49 +327,6 @@ def controllers(
                 f"{v['compute_preemptions_per_s']:.0f}/s"
             )
     return result
-
-
-def _plot_controllers(result: dict, png: Path) -> None:
-    import numpy as np
-
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
-    labels, rows = [], []
-    for name, row in result["summary"].items():
-        two_lines = name.replace(", ", "\n")
-        for r, v in enumerate(row["per_rank"]):
-            labels.append(f"{two_lines}\nrank {r}")
-            rows.append(v)
-    x = np.arange(len(rows))
-    bottom = np.zeros(len(rows))
-    for phase in ("compute", "wait", "allreduce", "apply"):
-        values = np.array([v[phase] for v in rows])
-        left.bar(x, values, bottom=bottom, label=phase)
-        bottom += values
-    left.set_xticks(x, labels, fontsize=7)
-    left.set(ylabel="ms per step (median)", title="where a step's time goes, by controller")
-    left.legend()
-    bottom = np.zeros(len(rows))
-    for group in ("compute", "main", "other"):
-        values = np.array([v[f"{group}_cores"] for v in rows])
-        right.bar(x, values, bottom=bottom, label=f"{group} threads")
-        bottom += values
-    for i, v in enumerate(rows):
-        right.annotate(
-            f"{v['compute_preemptions_per_s']:.0f}/s",
-            (i, bottom[i]),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
-    right.set_xticks(x, labels, fontsize=7)
-    right.set(
-        ylabel="cores used (1 = one core)",
-        title="CPU per thread group; compute threads preempted per s",
-    )
-    right.legend(fontsize=8)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
 
 
 # --- plan ---------------------------------------------------------------------------------------
@@ -494,42 +349,7 @@ def plan(workers: list[int], out_dir: Path) -> dict[str, Any]:
         **plan_lib.describe(),
     }
     _write(out_dir, "plan", result)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    shown = [f"{p['hardware']}/{p['workload']}" for p in comparison]
-    shown.append("v100-nvlink-100gb-ib/resnet50-v100")  # a current cluster, no published figure
-    for i, key in enumerate(shown):
-        rows, color = predictions[key], f"C{i}"
-        ax.fill_between(
-            workers,
-            [r["efficiency_no_overlap"] for r in rows],
-            [r["efficiency_full_overlap"] for r in rows],
-            color=color,
-            alpha=0.2,
-        )
-        ax.plot(workers, [r["efficiency_no_overlap"] for r in rows], color=color, label=key)
-        for pub in comparison:
-            if f"{pub['hardware']}/{pub['workload']}" == key:
-                ax.scatter(
-                    [pub["workers"]],
-                    [pub["efficiency"]],
-                    color=color,
-                    marker="*",
-                    s=120,
-                    edgecolor="black",
-                    zorder=3,
-                )
-    ax.set(
-        xscale="log",
-        xlabel="workers",
-        ylabel="scaling efficiency",
-        title="predicted (band: no overlap .. full overlap), published (stars)",
-    )
-    ax.set_xticks(workers, [str(w) for w in workers])
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.savefig(out_dir / "plan.png", dpi=110)
-    plt.close(fig)
+    figures.plan(result, out_dir / "plan.png")
     for pub in comparison:
         print(
             f"{pub['workload']:<16} on {pub['hardware']:<18} x{pub['workers']:<4} published "

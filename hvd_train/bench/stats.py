@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 
@@ -28,12 +27,3 @@ def bandwidth(nbytes: int, seconds: float, size: int) -> tuple[float, float]:
     rank must move in a ring allreduce, so that it compares across rank counts and to the link."""
     alg = nbytes / seconds / 1e9
     return alg, alg * 2 * (size - 1) / size
-
-
-def ring_bytes_per_rank(nbytes: int, size: int) -> float:
-    """Bytes one rank sends in a ring allreduce of `nbytes`: 2(n-1)/n of the data."""
-    return 2 * (size - 1) / size * nbytes
-
-
-def ratio(a: float, b: float) -> float:
-    return a / b if b else math.nan

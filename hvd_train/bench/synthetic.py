@@ -33,9 +33,10 @@ def run(
     start_at: float | None = None,
 ) -> dict:
     """Measure; returns the result on every rank (rank 0 prints Horovod's lines)."""
-    from hvd_train import dist
+    from hvd_train import comm
+    from hvd_train.keras.optimizer import DistributedOptimizer
 
-    dist.init(threads=threads)
+    comm.init(threads=threads)
     import keras
     import numpy as np
     import tensorflow as tf
@@ -43,7 +44,7 @@ def run(
     import models
     from hvd_train.callbacks import distributed_callbacks
 
-    rank, size = dist.rank(), dist.size()
+    rank, size = comm.rank(), comm.size()
     rng = np.random.default_rng(rank)
     if len(shape) == 1:  # token ids for the text model
         x = rng.integers(0, 1000, (per_rank_batch_size, *shape)).astype("int32")
@@ -53,7 +54,7 @@ def run(
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     model = models.build(model_name, shape, num_classes)
     model.compile(
-        optimizer=dist.DistributedOptimizer(keras.optimizers.SGD(0.01 * size, momentum=0.9)),
+        optimizer=DistributedOptimizer(keras.optimizers.SGD(0.01 * size, momentum=0.9)),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     callbacks = distributed_callbacks()[:1]  # broadcast only: no metrics to reduce here
@@ -93,7 +94,7 @@ def run(
         "params": model.count_params(),
         "np": size,
         "device": device,
-        "threads": dist.compute_threads(),
+        "threads": comm.compute_threads(),
         "per_rank_batch_size": per_rank_batch_size,
         "img_per_sec_per_worker": stats["mean"],
         "img_per_sec_ci95": stats["ci95"],
@@ -127,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         args.threads,
         args.start_at,
     )
-    from hvd_train import dist
+    from hvd_train import comm
 
-    if args.out and dist.is_chief():
+    if args.out and comm.is_chief():
         args.out.write_text(json.dumps(result, indent=1))
     return 0
 

@@ -1,9 +1,10 @@
 """Running real multi-process jobs from pytest: bounded in time, and leaving nothing behind.
 
-Each job runs in its own session (process group) and carries a unique tag in its environment,
-which launchers pass on to every rank. On timeout the group is killed; afterwards any process still
-carrying the tag (a rank that escaped the group, e.g. under horovodrun's own process management)
-is killed too, and its existence fails the test.
+Each job runs through `hvd_train.core.processes` in its own session (process group) and carries a
+unique tag in its environment, which launchers pass on to every rank. On timeout the group is
+killed, and any process still carrying the tag (a rank that escaped the group, e.g. under
+horovodrun's own process management) is killed too; a tagged process alive after the job fails
+the test.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from hvd_train.core import processes
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -107,52 +109,22 @@ def run(
       AssertionError: the job timed out, or processes of it outlived it (both are killed first).
     """
     tag = uuid.uuid4().hex
-    # The environment's bin first: horovodrun and the ranks' python come from there.
-    path = f"{Path(PYTHON).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    full_env = {
-        **os.environ,
-        "PATH": path,
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        TAG_NAME: tag,
-        **(env or {}),
-    }
-    start = time.monotonic()
-    proc = subprocess.Popen(
+    done = processes.run(
         argv,
+        processes.child_env({TAG_NAME: tag, **(env or {})}),
+        timeout,
         cwd=cwd,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
+        during=None if during is None else lambda proc: during(proc, tag),
+        # A rank that escaped the group (horovodrun's own process management) goes too.
+        on_timeout=lambda: _kill(tagged_pids(tag)),
     )
-    outcome: list[object] = []
-    if during is not None:
-
-        def act() -> None:
-            try:
-                outcome.append(during(proc, tag))
-            except BaseException as err:  # reported by the test through Job.during
-                outcome.append(err)
-
-        threading.Thread(target=act, daemon=True).start()
-    timed_out = False
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        _kill(tagged_pids(tag))
-        output, _ = proc.communicate()
-    job = Job(argv, proc.returncode, output, time.monotonic() - start)
-    job.during = outcome[0] if outcome else None
+    job = Job(argv, done.returncode, done.output, done.seconds, done.during)
     # Ranks exit shortly after their launcher; anything tagged still alive after that is a leak.
     deadline = time.monotonic() + 15
     while (left := tagged_pids(tag)) and time.monotonic() < deadline:
         time.sleep(0.5)
     _kill(left)
-    assert not timed_out, f"job timed out after {timeout:.0f}s: {argv}\n{job.tail()}"
+    assert not done.timed_out, f"job timed out after {timeout:.0f}s: {argv}\n{job.tail()}"
     assert not left, f"job left {len(left)} process(es) behind (killed): {argv}\n{job.tail()}"
     return job
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from jobs import PYTHON, run
 
-from hvd_train import launch
+from hvd_train.core import launch
 
 
 @pytest.mark.parametrize("np", [2, 3, 4])

@@ -1,8 +1,9 @@
-"""The peers benchmark's contestants: names parse into how each is started (no process runs)."""
+"""The peers harness (benchmarks/peers.py): contestant names parse into how each is started (no
+process runs)."""
 
 import pytest
 
-from hvd_train.bench import peers
+from benchmarks import peers
 
 
 def test_contestants_parse():
@@ -33,7 +34,7 @@ def test_worker_args_pass_the_step_time_only_when_known():
     args = setting.worker_args("toolkit")
     assert args[1:] == [
         "-m",
-        "hvd_train.bench.peers",
+        "benchmarks.peers",
         "worker",
         "--mode",
         "toolkit",

@@ -3,7 +3,7 @@
 import pytest
 
 from hvd_train.bench import plan
-from hvd_train.bench.stats import bandwidth, ring_bytes_per_rank, summary
+from hvd_train.bench.stats import bandwidth, summary
 
 HW = plan.Hardware("t", 4, 8.0, 0.0, 100.0, False, cycle_ms=0.0, fusion_mb=1e9)
 WL = plan.Workload("w", params_millions=250.0, images_per_second=100.0, per_worker_batch=50)
@@ -44,6 +44,5 @@ def test_every_published_figure_is_compared():
 def test_bandwidth_definitions():
     assert bandwidth(int(1e9), 1.0, 2) == (1.0, 1.0)
     assert bandwidth(int(1e9), 0.5, 4) == (2.0, 3.0)
-    assert ring_bytes_per_rank(100, 4) == 150
     stats = summary([1.0, 2.0, 3.0])
     assert stats["median"] == 2.0 and stats["ci95"] == pytest.approx(1.96)

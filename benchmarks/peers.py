@@ -11,7 +11,7 @@ Contestants (`CONTESTANTS`):
   ceiling          np independent plain-Keras processes at once, their timed parts started
                    together: what the host gives with no communication at all
   keras            one plain-Keras process (the reference of the toolkit's overhead)
-  toolkit          one process on the toolkit's fit path: `dist.init`, `dist.DistributedOptimizer`,
+  toolkit          one process on the toolkit's fit path: `comm.init`, `DistributedOptimizer`,
                    `callbacks.distributed_callbacks()` and the agreed stop on TERM/USR1 (what
                    `train_and_evaluate` runs by default)
   toolkit-<l>      the same on np ranks under launcher <l> (mpirun, gloo = horovodrun --gloo)
@@ -20,9 +20,12 @@ Contestants (`CONTESTANTS`):
   mwms             TensorFlow's MultiWorkerMirroredStrategy, np local workers with TF_CONFIG
 A contestant name may end in `@cycle=<ms>` to run it with HOROVOD_CYCLE_TIME set to that value.
 
-    python -m hvd_train.bench.peers compare --np 2 --repeats 5 --name peers-classic \\
+    python -m benchmarks.peers compare --np 2 --repeats 5 --name peers-classic \\
         ceiling mwms horovod-gloo horovod-mpirun toolkit-mpirun toolkit-gloo
-    python -m hvd_train.bench.peers compare --np 1 --repeats 5 --name overhead keras toolkit
+    python -m benchmarks.peers compare --np 1 --repeats 5 --name overhead keras toolkit
+
+Run from the repository root (`benchmarks/run.sh peers|overhead|cycle` does); every process it
+starts runs there too, so that `python -m benchmarks.peers worker` finds this module.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hvd_train.core import launch, processes
+
+REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
 LAUNCHERS = {"mpirun": "mpirun", "gloo": "horovodrun-gloo"}
 
@@ -71,17 +76,19 @@ def worker(
       mode: "keras", "toolkit", "horovod" or "mwms" (see the module docstring).
       ready_dir, ready_count: independent processes (the ceiling) each write a file there after
         their untimed epoch and start timing once `ready_count` files exist.
-      step_ms: the toolkit's expected step time (`dist.init`), None: unknown.
+      step_ms: the toolkit's expected step time (`comm.init`), None: unknown.
     """
     rank, size, strategy = 0, 1, None
     if mode == "toolkit":
-        from hvd_train import dist
+        from hvd_train import comm
+        from hvd_train.keras.optimizer import DistributedOptimizer
 
-        dist.init(threads=threads, step_ms=step_ms)
-        rank, size = dist.rank(), dist.size()
+        comm.init(threads=threads, step_ms=step_ms)
+        rank, size = comm.rank(), comm.size()
     elif mode == "horovod":
         # The peer measured here is Horovod's own Keras integration, so this mode imports it
-        # directly: the one use of horovod outside hvd_train.dist, and only in this benchmark.
+        # directly: the one use of horovod outside hvd_train.comm, in this harness outside the
+        # package.
         import horovod.tensorflow.keras as hvd
 
         _set_threads(threads)
@@ -127,10 +134,10 @@ def worker(
             hvd.callbacks.MetricAverageCallback(),
         ]
     elif mode == "toolkit":
-        from hvd_train import faults
         from hvd_train.callbacks import StopAtAgreedStep, distributed_callbacks
+        from hvd_train.core import faults
 
-        model = compile_model(dist.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9)))
+        model = compile_model(DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9)))
         # What train_and_evaluate runs on every rank by default: the distributed callbacks and
         # the agreed stop on TERM/USR1 (the watchdog's feed too, with more than one worker).
         stop = faults.StopRequest(["TERM", "USR1"])
@@ -193,7 +200,7 @@ class Setting:
         return [
             sys.executable,
             "-m",
-            "hvd_train.bench.peers",
+            "benchmarks.peers",
             "worker",
             "--mode",
             mode,
@@ -260,11 +267,6 @@ def contestant(name: str) -> Contestant:
     return Contestant(name, "launched", mode, LAUNCHERS[launcher], env)
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    return {**os.environ, "PATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", **extra}
-
-
 def _free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -279,32 +281,13 @@ def _free_ports(count: int) -> list[int]:
 def _run_processes(argvs: list[list[str]], envs: list[dict[str, str]]) -> None:
     # Each in a session of its own: on a failure or timeout its whole process group ends (a
     # launcher's ranks too), and nothing else.
-    procs = [
-        subprocess.Popen(
-            argv,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        for argv, env in zip(argvs, envs, strict=True)
-    ]
-    failed = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=TIMEOUT_S)
-            if proc.returncode != 0:
-                failed.append((proc.args, proc.returncode, out))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    done = processes.run_all(argvs, envs, TIMEOUT_S, cwd=REPO)
+    failed = [d for d in done if not d.ok]
     if failed:
-        argv, code, out = failed[0]
-        tail = "\n".join(out.splitlines()[-30:])
-        raise RuntimeError(f"benchmark process failed ({code}): {argv}\n{tail}")
+        first = failed[0]
+        raise RuntimeError(
+            f"benchmark process failed ({first.outcome(TIMEOUT_S)}): {first.argv}\n{first.tail()}"
+        )
 
 
 def measure(who: Contestant, setting: Setting, step_ms: float | None = None) -> dict:
@@ -312,12 +295,10 @@ def measure(who: Contestant, setting: Setting, step_ms: float | None = None) -> 
 
     `step_ms` is the toolkit's expected step time (from an earlier run), given to its workers.
     """
-    from hvd_train import launch
-
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / f"r{i}.json" for i in range(setting.np)]
         base = setting.worker_args(who.mode, step_ms if who.mode == "toolkit" else None)
-        env = _env(who.env)
+        env = processes.child_env(who.env)
         if who.kind == "single":
             _run_processes([[*base, "--out", str(outs[0])]], [env])
             return json.loads(outs[0].read_text())
@@ -446,7 +427,7 @@ def plot(result: dict, png: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hvd_train.bench.peers",
+        prog="python -m benchmarks.peers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
