@@ -32,7 +32,7 @@ test-unit: ## one process, no launcher
 	$(PY) -m pytest tests/unit -q
 
 test-parallel: ## tests/parallel on NP ranks under LAUNCHER, once (no timeout: for debugging)
-	PATH=$(VENV)/bin:$$PATH $(PY) -m hvd_train.launch --np $(NP) --launcher $(LAUNCHER) -- \
+	PATH=$(VENV)/bin:$$PATH $(PY) -m hvd_train.core.launch --np $(NP) --launcher $(LAUNCHER) -- \
 	  $(PY) -m pytest tests/parallel -q -p no:cacheprovider
 
 bench: install ## rerun the benchmarks of the README (idle machine!): JSON + PNG in benchmarks/results
@@ -47,13 +47,15 @@ doctor: ## versions, the Horovod build, and what is wrong
 nccl-check: ## compile Horovod's NCCL ops with this nvcc and the nvidia-nccl wheel (no GPU; ~2-4 min)
 	VENV=$(VENV) bash mpi_scripts/check_nccl_build.sh
 
-lint: ## ruff (lint + format check), shellcheck and hadolint, as CI runs them
+lint: ## ruff, the layer rules (import-linter), shellcheck, hadolint, the docs (mkdocs --strict)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq shellcheck >/dev/null; } \
 	  || { echo "lint: shellcheck missing: apt-get install shellcheck"; exit 1; }
 	shellcheck mpi_scripts/*.sh mpi_scripts/slurm.sbatch tests/run.sh benchmarks/run.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile
+	site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(VENV)/bin/mkdocs build --strict --site-dir "$$site"
 
 format: ## rewrite the code in the project's format
 	$(VENV)/bin/ruff check --fix .

@@ -3,7 +3,7 @@
 Every check that needs no TensorFlow (the config, the worker count, the model name, the run
 directory) runs before TensorFlow is imported and, under `hvd-train launch`, before any worker
 starts. A bad input ends with one line `hvd-train: error: ...` and exit code 2; the other exit
-codes (a stalled or lost rank, diverged weights, a preempted run) are in `hvd_train.faults`.
+codes (a stalled or lost rank, diverged weights, a preempted run) are in `hvd_train.core.faults`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hvd_train import config as config_lib
-from hvd_train import doctor, faults, launch, rundir
+from hvd_train import doctor
+from hvd_train.core import config as config_lib
+from hvd_train.core import environment, faults, launch, outcome, rundir
 from hvd_train.errors import UserError
-
-EXIT_USAGE = 2
 
 
 class UsageError(Exception):
@@ -51,7 +50,7 @@ def _train_parser() -> argparse.ArgumentParser:
         "--elastic",
         action="store_true",
         help="keep training while workers leave and join (under horovodrun --min-np/--max-np "
-        "--host-discovery-script; hvd_train.elastic)",
+        "--host-discovery-script; hvd_train.training.elastic)",
     )
     return parser
 
@@ -95,18 +94,18 @@ def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace
 
 
 def cmd_train(argv: Sequence[str]) -> int:
-    size = config_lib.launcher_size(os.environ) or 1
-    args, config = check_train_args(argv, size)
-    if rundir.launcher_rank(os.environ) == 0:  # only rank 0 writes, so only rank 0 checks
+    launcher = environment.read(os.environ)
+    args, config = check_train_args(argv, launcher.size or 1)
+    if launcher.rank == 0:  # only rank 0 writes, so only rank 0 checks
         rundir.prepare(config.run_dir, args.resume, args.overwrite)
     if args.elastic:
-        from hvd_train import elastic
+        from hvd_train.training import elastic
 
         result = elastic.train_elastic(
             config, Path(config.run_dir), argv=["hvd-train", "train", *argv]
         )
     else:
-        from hvd_train import train
+        from hvd_train.training import fit as train
 
         result = train.train_and_evaluate(
             config,
@@ -115,12 +114,12 @@ def cmd_train(argv: Sequence[str]) -> int:
             stop_after_epochs=args.stop_after_epochs,
             argv=["hvd-train", "train", *argv],
         )
-    from hvd_train import dist
+    from hvd_train import comm
 
-    if dist.is_chief():
+    if comm.is_chief():
         summary = {
             "run_dir": str(config.run_dir),
-            "workers": dist.size(),
+            "workers": comm.size(),
             "status": result.status,
             "epochs_done": result.epochs_done,
             "final": result.final,
@@ -130,7 +129,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         if result.stopped_at is not None:
             summary["stopped_at"] = result.stopped_at
         print("result " + json.dumps(summary), flush=True)
-    return faults.EXIT_PREEMPTED if result.status == "preempted" else 0
+    return outcome.EXIT_CODES[result.status]
 
 
 def cmd_launch(argv: Sequence[str]) -> int:
@@ -159,9 +158,8 @@ def _launch_exit_code(code: int, status_file: Path, started: float) -> int:
         return code
     if status.get("time", 0) < started:
         return code  # an earlier launch's
-    exits = {"preempted": faults.EXIT_PREEMPTED, "stalled": faults.EXIT_STALLED}
-    exits |= {"lost": faults.EXIT_STALLED, "diverged": faults.EXIT_DIVERGED}
-    return exits.get(status.get("status"), code)
+    mapped = outcome.exit_code(str(status.get("status")))
+    return code if mapped is None or mapped == outcome.EXIT_OK else mapped
 
 
 def cmd_models(argv: Sequence[str]) -> int:
@@ -191,16 +189,13 @@ def _straggler(text: str) -> tuple[int, float]:
 
 
 def cmd_bench(argv: Sequence[str]) -> int:
-    if list(argv[:1]) == ["peers"]:  # its own options: hvd-train bench peers -h
-        from hvd_train.bench import peers
-
-        return peers.main(["compare", *argv[1:]])
-    parser = _Parser(prog="hvd-train bench", description="benchmarks; JSON + PNG in --out")
+    parser = _Parser(
+        prog="hvd-train bench", description="measure this cluster; JSON (+ PNG) in --out"
+    )
     parser.add_argument(
         "kind",
-        choices=["allreduce", "synthetic", "scaling", "controllers", "peers"],
-        help="controllers: step breakdown and thread CPU under MPI and Gloo; "
-        "peers: the toolkit against MWMS and Horovod's recipe (own options: peers -h)",
+        choices=["allreduce", "synthetic", "scaling", "controllers"],
+        help="controllers: step breakdown and thread CPU under MPI and Gloo",
     )
     parser.add_argument("--np", type=int, default=2, help="workers (max workers for scaling)")
     parser.add_argument("--model", default="resnet20")
@@ -252,7 +247,7 @@ COMMANDS = {
     "launch": (cmd_launch, "start N workers of a train command under mpirun/horovodrun/srun"),
     "doctor": (lambda argv: doctor.run(sys.stdout), "versions, the Horovod build, what is wrong"),
     "models": (cmd_models, "list the registered models"),
-    "bench": (cmd_bench, "allreduce | synthetic | scaling | peers benchmarks (JSON + PNG)"),
+    "bench": (cmd_bench, "allreduce | synthetic | scaling | controllers: measure this cluster"),
     "plan": (cmd_plan, "cost model: predicted throughput and efficiency at 8..1024 workers"),
 }
 
@@ -263,13 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: hvd-train {" + ",".join(COMMANDS) + "} ...\n")
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:<8} {text}")
-        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else EXIT_USAGE
+        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else outcome.EXIT_USAGE
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: quiet C++ logs
     try:
         return COMMANDS[argv[0]][0](argv[1:])
     except (UsageError, UserError) as err:
         print(f"hvd-train: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+        return outcome.EXIT_USAGE
     except faults.JobFailure as err:
         print(f"hvd-train: error: {err}", file=sys.stderr, flush=True)
         return err.exit_code

@@ -46,10 +46,11 @@ def run(out: TextIO) -> int:
     if shutil.which("mpirun") is None:
         problems.append("mpirun not found: apt-get install openmpi-bin libopenmpi-dev")
     try:
-        from hvd_train import dist
+        from hvd_train import comm
+        from hvd_train.keras import compat
 
-        built = dist.build_info()
-        rows.append(("stack", f"{dist.stack.NAME} (Keras {dist.stack.KERAS_MAJOR})"))
+        built = comm.build_info()
+        rows.append(("stack", f"{compat.NAME} (Keras {compat.KERAS_MAJOR})"))
         rows.append(("horovod controllers", ", ".join(k for k in ("mpi", "gloo") if built[k])))
         rows.append(("horovod gpu ops", "nccl" if built["nccl"] else "none (CPU build)"))
         if not (built["mpi"] or built["gloo"]):

@@ -6,3 +6,7 @@ Anything else that escapes is a bug and keeps its traceback.
 
 class UserError(ValueError):
     """A problem with the user's input (config, data, paths, checkpoints), named in one line."""
+
+
+class ConfigError(UserError):
+    """A configuration problem; the message is one line naming the key and the offending value."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a Python program on NP ranks of this machine (or HOSTS) under mpirun or horovodrun, with the
-# project's environment; the launch command is built by hvd_train.launch and printed before it runs.
+# project's environment; the launch command is built by hvd_train.core.launch and printed before it runs.
 # Usage: [NP=2] [LAUNCHER=mpirun|horovodrun|horovodrun-mpi] [HOSTS=a:2,b:2] [VENV=.venv] \
 #        [TIMEOUT=0] mpi_scripts/run.sh program.py [args ...]
 set -euo pipefail
@@ -20,5 +20,5 @@ hosts=()
 # TIMEOUT>0 bounds the whole job: a hung rank ends it instead of holding the allocation.
 wrap=()
 [ "$TIMEOUT" -gt 0 ] && wrap=(timeout --kill-after=10 "$TIMEOUT")
-exec "${wrap[@]}" "$VENV/bin/python" -m hvd_train.launch --np "$NP" --launcher "$LAUNCHER" \
+exec "${wrap[@]}" "$VENV/bin/python" -m hvd_train.core.launch --np "$NP" --launcher "$LAUNCHER" \
   "${hosts[@]}" -- "$VENV/bin/python" "$@"

@@ -1,4 +1,4 @@
-"""Horovod Elastic's machinery for the toolkit's own elastic training (`hvd_train/elastic.py`).
+"""Horovod Elastic's machinery for the toolkit's own elastic training (`training/elastic.py`).
 
 Horovod's `horovod.tensorflow.elastic.run` counts a TensorFlow error as a failed collective only
 when it names `HorovodAllreduce`, `HorovodAllgather` or `HorovodBroadcast`, and silently swallows
@@ -13,14 +13,16 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
-from horovod.common.elastic import State, run_fn
-from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+from hvd_train.comm import horovod as backend
 
 log = logging.getLogger("hvd_train")
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "State", "collective_failures", "run"]
+HorovodInternalError = backend.HorovodInternalError
+HostsUpdatedInterrupt = backend.HostsUpdatedInterrupt
+# Horovod's elastic state: commit, restore, sync, and the check for added or removed hosts.
+State = backend.ElasticState
 
 
 @contextlib.contextmanager
@@ -39,10 +41,11 @@ def collective_failures() -> Iterator[None]:
         raise HorovodInternalError(err) from err
 
 
-def _reset() -> None:
-    # Horovod again, with the workers horovodrun assigns now (as horovod.tensorflow.elastic does).
-    hvd.shutdown()
-    hvd.init()
+def reset() -> None:
+    """Horovod again, with the workers horovodrun assigns now (as horovod.tensorflow.elastic
+    does): the elastic hook run after a failure or a change of hosts."""
+    backend.stop()
+    backend.start()
 
 
 def run(func: Any) -> Any:
@@ -61,4 +64,4 @@ def run(func: Any) -> Any:
             log.info("elastic: hosts were added or removed; resetting at this commit")
             raise
 
-    return run_fn(call, _reset)
+    return backend.elastic_run(call, reset)

@@ -13,17 +13,17 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-import horovod.tensorflow as hvd
+from hvd_train.comm import horovod as backend
 
 
 @contextlib.contextmanager
 def record(path: Path) -> Iterator[None]:
     """Record Horovod's timeline to `path` while the block runs (rank 0 writes it)."""
-    hvd.start_timeline(str(path))
+    backend.start_timeline(str(path))
     try:
         yield
     finally:
-        hvd.stop_timeline()
+        backend.stop_timeline()
 
 
 def activity_totals(path: Path) -> dict[str, float]:

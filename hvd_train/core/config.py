@@ -9,26 +9,22 @@ of `train.per_rank_batch_size` and `train.global_batch_size` without mentioning 
 other is then null (so `--set train.global_batch_size=256` replaces a file's per-rank batch).
 Giving both non-null in one place, or neither anywhere, is an error.
 
-This module imports only the standard library, PyYAML and `hvd_train.schedules`: a config is
-loaded and checked before anything pays for importing TensorFlow or Horovod.
+This module and `core.typed_yaml` (YAML and --set values into typed dataclasses) import only the
+standard library, PyYAML and `hvd_train.core.scaling`: a config is loaded and checked before
+anything pays for importing TensorFlow or Horovod.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import os
-import types
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
-from hvd_train import schedules
-from hvd_train.errors import UserError
+from hvd_train.core import scaling, typed_yaml
+from hvd_train.errors import ConfigError
 
 SOURCES = ("digits", "synthetic", "npz", "mnist", "cifar10", "tfrecord", "image_dir")
 FILE_SOURCES = ("npz", "tfrecord", "image_dir")  # the sources that need data.path
@@ -38,17 +34,6 @@ COMPRESSIONS = ("none", "fp16")
 MODES = ("max", "min")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STOP_SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP")
-
-# Worker count set by each launcher in every rank's environment, in the order they are trusted.
-SIZE_VARIABLES = (
-    "HOROVOD_SIZE",  # horovodrun --gloo
-    "OMPI_COMM_WORLD_SIZE",  # Open MPI's mpirun (4 and 5), and horovodrun over MPI
-    "PMI_SIZE",  # MPICH and Intel MPI (Hydra)
-)
-
-
-class ConfigError(UserError):
-    """A configuration problem; the message is one line naming the key and the offending value."""
 
 
 @dataclass
@@ -123,10 +108,10 @@ class OptimizerConfig:
       name: "sgd" or "adam".
       base_lr: learning rate tuned for `base_batch_size`; scaled to the global batch by `lr_rule`.
       base_batch_size: the batch size `base_lr` was tuned for.
-      lr_rule: how the rate scales with the global batch (`hvd_train.schedules.LR_RULES`).
+      lr_rule: how the rate scales with the global batch (`hvd_train.core.scaling.LR_RULES`).
       momentum: SGD momentum (sgd only).
       warmup_epochs: epochs of linear warmup from base_lr to the scaled rate.
-      decay: after warmup (`hvd_train.schedules.DECAYS`).
+      decay: after warmup (`hvd_train.core.scaling.DECAYS`).
       decay_rate: factor applied at each boundary of "step" decay.
       decay_epochs: the boundaries of "step" decay, in epochs.
       compression: allreduce compression, "none" or "fp16".
@@ -168,7 +153,7 @@ class TrainConfig:
         for small per-rank batches; the model must be functional or Sequential.
       step_ms: the expected time of one training step on one rank in ms (e.g. an earlier run's
         epoch seconds / steps). Under horovodrun --gloo on a CPU-only host whose cores the ranks
-        fill, Horovod's cycle time is derived from it (`dist.devices.gloo_cycle_time_ms`); null:
+        fill, Horovod's cycle time is derived from it (`core.placement.gloo_cycle_time_ms`); null:
         Horovod's default. HOROVOD_CYCLE_TIME, when set, wins.
     """
 
@@ -249,7 +234,7 @@ class LoggingConfig:
 @dataclass
 class ElasticConfig:
     """Elastic training: `hvd-train train --elastic` under horovodrun's elastic mode
-    (`hvd_train.elastic`); ignored without `--elastic`.
+    (`hvd_train.training.elastic`); ignored without `--elastic`.
 
     Attributes:
       commit_every_steps: copy the training state (weights, optimizer, epoch, data position) to
@@ -298,18 +283,18 @@ def load(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> 
       ConfigError: an unreadable file, invalid YAML, an unknown key, a wrong type or an invalid
         value.
     """
-    raw = _read_yaml(path) if path is not None else {}
+    raw = typed_yaml.read_file(path) if path is not None else {}
     _clear_other_batch_size(raw, raw.get("train"))
     given: dict[str, Any] = {}
     for text in overrides:
-        keys, value = _parse_override(text)
-        _set_path(raw, keys, value)
+        keys, value = typed_yaml.parse_override(text)
+        typed_yaml.set_path(raw, keys, value)
         if keys == ["train"] and isinstance(value, dict):
             given.update(value)
         elif len(keys) == 2 and keys[0] == "train":
             given[keys[1]] = value
     _clear_other_batch_size(raw, given)
-    config = _build(Config, raw, "")
+    config = typed_yaml.build(Config, raw, "")
     validate(config)
     return config
 
@@ -325,7 +310,7 @@ def validate(config: Config, size: int | None = None) -> None:
       ConfigError: the first problem found, naming its key and value.
       ValueError: `size` < 1.
     """
-    _build(Config, to_dict(config), "")  # types, for a Config built in Python
+    typed_yaml.build(Config, to_dict(config), "")  # types, for a Config built in Python
     _check(bool(config.run_dir), "run_dir", "must be a non-empty path", config.run_dir)
 
     data = config.data
@@ -366,7 +351,7 @@ def validate(config: Config, size: int | None = None) -> None:
     model_file = config.model.file
     if model_file is not None and not os.path.isfile(model_file):
         problem = "is not a file" if os.path.exists(model_file) else "does not exist"
-        raise ConfigError(f"model.file: {_show(model_file)} {problem}")
+        raise ConfigError(f"model.file: {typed_yaml.show(model_file)} {problem}")
 
     train = config.train
     _check_min("train.epochs", train.epochs, 1)
@@ -382,10 +367,10 @@ def validate(config: Config, size: int | None = None) -> None:
     _check_choice("optimizer.name", opt.name, OPTIMIZERS)
     _check(opt.base_lr > 0, "optimizer.base_lr", "must be > 0", opt.base_lr)
     _check_min("optimizer.base_batch_size", opt.base_batch_size, 1)
-    _check_choice("optimizer.lr_rule", opt.lr_rule, schedules.LR_RULES)
+    _check_choice("optimizer.lr_rule", opt.lr_rule, scaling.LR_RULES)
     _check(0 <= opt.momentum < 1, "optimizer.momentum", "must be in [0, 1)", opt.momentum)
     _check_min("optimizer.warmup_epochs", opt.warmup_epochs, 0)
-    _check_choice("optimizer.decay", opt.decay, schedules.DECAYS)
+    _check_choice("optimizer.decay", opt.decay, scaling.DECAYS)
     boundaries = opt.decay_epochs
     _check(
         all(b > 0 for b in boundaries) and all(a < b for a, b in itertools.pairwise(boundaries)),
@@ -398,7 +383,7 @@ def validate(config: Config, size: int | None = None) -> None:
         _check(bool(boundaries), "optimizer.decay_epochs", rule, boundaries)
         _check(0 < opt.decay_rate < 1, "optimizer.decay_rate", "must be in (0, 1)", opt.decay_rate)
     if opt.decay == "cosine":
-        # The cosine runs over the epochs after warmup (schedules.validate_schedule, in updates).
+        # The cosine runs over the epochs after warmup (scaling.validate_schedule, in updates).
         rule = f"must be < train.epochs ({config.train.epochs}) for decay 'cosine'"
         _check(
             opt.warmup_epochs < config.train.epochs,
@@ -453,7 +438,7 @@ def check_elastic(config: Config) -> None:
 
 
 def resolved_batch_sizes(config: Config, size: int) -> tuple[int, int]:
-    """Both batch sizes for `size` workers, by `hvd_train.schedules.resolve_batch_sizes`.
+    """Both batch sizes for `size` workers, by `hvd_train.core.scaling.resolve_batch_sizes`.
 
     Returns:
       (per_rank_batch_size, global_batch_size).
@@ -464,29 +449,9 @@ def resolved_batch_sizes(config: Config, size: int) -> tuple[int, int]:
       ValueError: `size` < 1.
     """
     _check_batch_sizes(config.train, size)
-    return schedules.resolve_batch_sizes(
+    return scaling.resolve_batch_sizes(
         size, config.train.per_rank_batch_size, config.train.global_batch_size
     )
-
-
-def launcher_size(environ: Mapping[str, str]) -> int | None:
-    """The worker count a launcher gave this process, read before Horovod is imported.
-
-    Reads `SIZE_VARIABLES` in order, then SLURM_NTASKS inside a job step (SLURM_STEP_ID set:
-    srun's tasks; the batch script itself is not a worker).
-
-    Returns:
-      The worker count, or None when not started by a known launcher.
-
-    Raises:
-      ConfigError: the variable's value is not a positive integer.
-    """
-    for name in SIZE_VARIABLES:
-        if name in environ:
-            return _positive_int_variable(name, environ[name])
-    if "SLURM_STEP_ID" in environ and "SLURM_NTASKS" in environ:
-        return _positive_int_variable("SLURM_NTASKS", environ["SLURM_NTASKS"])
-    return None
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -496,84 +461,7 @@ def to_dict(config: Config) -> dict[str, Any]:
 
 def dump(config: Config) -> str:
     """The config as YAML text, sections in declaration order; `load` reads it back equal."""
-    return yaml.dump(to_dict(config), Dumper=_Dumper, sort_keys=False)
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style, except lists of scalars on one line (`shape: [8, 8, 1]`)."""
-
-    def represent_list(self, data: list[Any]) -> yaml.Node:
-        flow = all(not isinstance(item, (list, dict)) for item in data)
-        return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-_Dumper.add_representer(list, _Dumper.represent_list)
-
-
-def _read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as err:
-        raise ConfigError(f"{name}: cannot read the config file ({err.strerror})") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{name}: not UTF-8 text ({err.reason} at byte {err.start})") from err
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(
-            f"{name}{_yaml_location(err)}: invalid YAML: {_yaml_problem(err)}"
-        ) from err
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{name}: the top level must be a mapping of sections, got {_show(raw)}")
-    return raw
-
-
-def _yaml_location(err: yaml.YAMLError) -> str:
-    mark = getattr(err, "problem_mark", None)
-    return f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    problem = getattr(err, "problem", None) or str(err)
-    return " ".join(problem.split())
-
-
-def _parse_override(text: str) -> tuple[list[str], Any]:
-    key, sep, value_text = text.partition("=")
-    key = key.strip()
-    if not sep:
-        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
-    if not key:
-        raise ConfigError(f"--set {text!r}: empty key")
-    keys = key.split(".")
-    if not all(keys):
-        raise ConfigError(f"--set {text!r}: empty part in the key {key!r}")
-    try:
-        value = yaml.safe_load(value_text)
-    except yaml.YAMLError as err:
-        raise ConfigError(
-            f"{key}: invalid YAML value {value_text!r} in --set: {_yaml_problem(err)}"
-        ) from err
-    return keys, value
-
-
-def _set_path(raw: dict[str, Any], keys: list[str], value: Any) -> None:
-    node = raw
-    for depth, key in enumerate(keys[:-1], start=1):
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        elif not isinstance(child, dict):
-            raise ConfigError(
-                f"{'.'.join(keys)}: cannot set a key inside {'.'.join(keys[:depth])}, which is "
-                f"{_show(child)}, not a mapping"
-            )
-        node = child
-    node[keys[-1]] = value
+    return typed_yaml.dump(to_dict(config))
 
 
 def _clear_other_batch_size(raw: dict[str, Any], given: Any) -> None:
@@ -589,85 +477,9 @@ def _clear_other_batch_size(raw: dict[str, Any], given: Any) -> None:
             train[other] = None
 
 
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    """An instance of the dataclass `cls` from a mapping, with types checked and converted."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix}: expected a mapping, got {_show(raw)}")
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in raw.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        if key not in known:
-            raise ConfigError(f"{dotted}: unknown key (known: {', '.join(sorted(known))})")
-        values[key] = _convert(value, hints[key], dotted)
-    return cls(**values)
-
-
-def _convert(value: Any, hint: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, key)
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        (inner,) = (a for a in args if a is not type(None))
-        if not _is_scalar(value, inner):
-            raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
-        return _convert(value, inner, key)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
-        return [_convert(item, args[0], f"{key}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
-        return value
-    if not _is_scalar(value, hint):
-        raise ConfigError(f"{key}: expected {_describe(hint)}, got {_show(value)}")
-    if hint is float:
-        if not math.isfinite(value):
-            raise ConfigError(f"{key}: expected a finite number, got {_show(value)}")
-        return float(value)
-    return value
-
-
-def _is_scalar(value: Any, hint: Any) -> bool:
-    """Whether `value` fits the scalar type `hint`: a bool is not an int, an int is a float."""
-    if hint is bool or hint is str:
-        return isinstance(value, hint)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    raise TypeError(f"unsupported config type {hint!r}")
-
-
-def _describe(hint: Any) -> str:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        (inner,) = (a for a in args if a is not type(None))
-        return f"{_describe(inner)} or null"
-    if origin is list:
-        return f"a list of {_SCALAR_NAMES[args[0]][1]}"
-    if origin is dict:
-        return "a mapping with string keys"
-    return _SCALAR_NAMES[hint][0]
-
-
-_SCALAR_NAMES = {
-    bool: ("a boolean", "booleans"),
-    int: ("an integer", "integers"),
-    float: ("a number", "numbers"),
-    str: ("a string", "strings"),
-}
-
-
 def _check(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
-        raise ConfigError(f"{key}: {rule}, got {_show(value)}")
+        raise ConfigError(f"{key}: {rule}, got {typed_yaml.show(value)}")
 
 
 def _check_min(key: str, value: float, low: int) -> None:
@@ -683,7 +495,8 @@ def _check_batch_sizes(train: TrainConfig, size: int | None) -> None:
     if (per_rank is None) == (global_ is None):
         raise ConfigError(
             "train: set exactly one of per_rank_batch_size and global_batch_size (the other "
-            f"null), got per_rank_batch_size={_show(per_rank)}, global_batch_size={_show(global_)}"
+            f"null), got per_rank_batch_size={typed_yaml.show(per_rank)}, "
+            f"global_batch_size={typed_yaml.show(global_)}"
         )
     if per_rank is not None:
         _check(per_rank >= 1, "train.per_rank_batch_size", "must be >= 1", per_rank)
@@ -697,19 +510,3 @@ def _check_batch_sizes(train: TrainConfig, size: int | None) -> None:
         raise ConfigError(
             f"train.global_batch_size: {global_} is not divisible by the {size} workers"
         )
-
-
-def _positive_int_variable(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigError(f"{name}: expected a positive worker count, got {text!r}")
-    return value
-
-
-def _show(value: Any) -> str:
-    """The value as one short line: YAML's null for None, else repr, cut at 80 characters."""
-    text = "null" if value is None else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -6,12 +6,12 @@ itself blocks. So each rank runs a `Watchdog` thread beside the training loop. E
 rank 0 its progress over UDP every `heartbeat_s`; rank 0 answers each with the table of everyone's
 (one datagram). When a rank has finished no step within the stall bound (`StallRule`: derived from
 the step times measured in this run), it names the ranks that did not arrive (`laggards`: those
-silent for 5 heartbeats, else those behind) and ends its process with EXIT_STALLED; the launcher
+silent for 5 heartbeats, else those behind) and ends its process with EXIT_RANK_FAILED; the launcher
 then ends the others (mpirun and horovodrun stop a job when one rank exits non-zero).
 
 Stop signals (scheduler preemption, SLURM's early warning) only set a flag here (`StopRequest`);
-the ranks agree on the step to stop at through the gradient allreduce (`dist.stop_agreed`), so that
-no rank leaves a collective the others still run.
+the ranks agree on the step to stop at through the gradient allreduce
+(`keras.stop.stop_agreed`), so that no rank leaves a collective the others still run.
 
 Plain Python (sockets, threads, signals): no Horovod, no TensorFlow.
 """
@@ -32,12 +32,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("hvd_train")
+from hvd_train.core.outcome import EXIT_DIVERGED, EXIT_RANK_FAILED
 
-# Exit codes of a rank, and of `hvd-train` (README "Failure modes"). 2 is bad input (errors.py).
-EXIT_STALLED = 3  # the watchdog, or a lost rank: no checkpoint beyond the last one; resume
-EXIT_DIVERGED = 4  # ranks' weights differ (fault.check_weights_every)
-EXIT_PREEMPTED = 75  # stopped on a signal at an agreed step, checkpoint written (EX_TEMPFAIL)
+log = logging.getLogger("hvd_train")
 
 SILENT_HEARTBEATS = 5  # a rank not heard from for this many heartbeats is named as silent
 
@@ -45,7 +42,7 @@ SILENT_HEARTBEATS = 5  # a rank not heard from for this many heartbeats is named
 class JobFailure(Exception):
     """The job cannot go on; `hvd-train` prints the message as one line and exits `exit_code`."""
 
-    exit_code = EXIT_STALLED
+    exit_code = EXIT_RANK_FAILED
 
 
 class RankLost(JobFailure):
@@ -340,7 +337,7 @@ class Watchdog:
         message = (
             f"hvd-train: watchdog on rank {self.rank}: no step finished for {idle:.1f} s "
             f"(bound {bound:.1f} s = {self.rule.explain(recent, started)}); "
-            f"did not arrive: {why}; aborting the job (exit {EXIT_STALLED})"
+            f"did not arrive: {why}; aborting the job (exit {EXIT_RANK_FAILED})"
         )
         if self._on_stall is not None:
             self._on_stall(message)
@@ -353,7 +350,7 @@ class Watchdog:
             with contextlib.suppress(Exception):
                 self._before_exit(message)
         # Not sys.exit: the main thread is blocked in a collective that will never return.
-        os._exit(EXIT_STALLED)
+        os._exit(EXIT_RANK_FAILED)
 
     def lost_ranks(self, wait: bool = True) -> str | None:
         """After a collective failed: the ranks that went silent, or None if every rank is still

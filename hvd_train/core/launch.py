@@ -1,7 +1,9 @@
-"""Launch commands as data: argv lists for mpirun, horovodrun and srun, built by pure functions.
+"""Launch commands as data, and the supervision of the launcher that runs them.
 
-Nothing here runs a process except `main`; the builders are unit-tested to the exact list and shown
-to the user with `shlex.join` before they run (without a shell).
+The argv builders for mpirun, horovodrun and srun are pure functions, unit-tested to the exact
+list. `execute` shows the command (`shlex.join`) and replaces this process with it; `supervise`
+runs it as a child (no shell), passes stop signals on and returns its exit code; `main` is
+`python -m hvd_train.core.launch`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+
+from hvd_train.core import processes
 
 # Environment a rank needs from the launching shell; mpirun does not forward it by itself.
 FORWARD_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
@@ -268,9 +272,14 @@ def build(
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
 
 
+LAUNCH_HELP = """Start N workers of a command under mpirun (default), horovodrun (Gloo or MPI) or
+srun. The launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP) are passed
+on to the workers, who stop at an agreed step and checkpoint; the exit code is the job's."""
+
+
 def make_parser(prog: str) -> argparse.ArgumentParser:
-    """The launch options shared by `python -m hvd_train.launch` and `hvd-train launch`."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    """The launch options shared by `python -m hvd_train.core.launch` and `hvd-train launch`."""
+    parser = argparse.ArgumentParser(prog=prog, description=LAUNCH_HELP)
     parser.add_argument("--np", type=int, default=2, help="number of ranks [2]")
     parser.add_argument("--launcher", default="mpirun", choices=LAUNCHERS)
     parser.add_argument("--hosts", help="comma-separated host:slots; default: localhost")
@@ -336,9 +345,9 @@ def forwarded_signal(launcher: str, signum: int) -> int:
 
     Open MPI's mpirun passes USR1 and USR2 on to every rank at once, but answers TERM or HUP by
     killing the job: SIGCONT, then TERM only after `odls_base_sigkill_timeout` seconds, then KILL
-    as long again (measured with Open MPI 4.1: 1 s each by default; with 30, the TERM came 29 s
-    late). So mpirun gets USR1 instead, which the ranks take as a stop request (fault.stop_signals
-    must hold USR1, as by default). horovodrun and srun pass TERM on to their ranks themselves.
+    as long again (Open MPI 4.1). So mpirun gets USR1 instead, which the ranks take as a stop
+    request (fault.stop_signals must hold USR1, as by default). horovodrun and srun pass TERM on
+    to their ranks themselves.
     """
     if launcher == "mpirun" and signum in (signal.SIGTERM, signal.SIGHUP):
         return signal.SIGUSR1
@@ -353,23 +362,20 @@ def supervise(parser: argparse.ArgumentParser, args: argparse.Namespace, command
     if shutil.which(full[0]) is None:
         print(f"launch: {full[0]} not found on PATH", file=sys.stderr)
         return 2
-    child = subprocess.Popen(full)
-
-    def forward(signum: int, frame: object) -> None:
-        child.send_signal(forwarded_signal(args.launcher, signum))
-
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
-    try:
-        code = child.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return 128 - code if code < 0 else code
+    # The launcher stays in this process group: a terminal's INT reaches it (and its ranks)
+    # directly, so INT is not forwarded a second time.
+    finished = processes.run(
+        full,
+        capture=None,
+        new_session=False,
+        forward_signals={s: forwarded_signal(args.launcher, s) for s in FORWARDED_SIGNALS},
+    )
+    return finished.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m hvd_train.launch --np N [--launcher L] [--hosts h:s,..] [--dry-run] -- cmd`"""
-    parser = make_parser("python -m hvd_train.launch")
+    """`python -m hvd_train.core.launch --np N [--launcher L] [--hosts h:s,..] -- cmd`."""
+    parser = make_parser("python -m hvd_train.core.launch")
     args, command = parse(parser, sys.argv[1:] if argv is None else argv)
     return execute(parser, args, command)
 

@@ -1,6 +1,7 @@
 """Per-rank device placement: which GPU a rank uses and how many compute threads it runs.
 
-Pure functions (no TensorFlow, no Horovod), unit-tested anywhere; `dist.init` applies them before
+Pure functions (no TensorFlow, no Horovod), unit-tested anywhere; `hvd_train.comm.init` applies them
+before
 TensorFlow's runtime starts. Ranks on one host share its cores and GPUs: without a split, N
 TensorFlow processes each start one thread per core and contend, and every rank allocates all memory
 of GPU 0.
@@ -90,8 +91,8 @@ def mpi_should_yield(threads: int, local_size: int, host_cpus: int, gpus: int) -
 
     Open MPI busy-polls inside blocking calls, and Horovod's background thread sits in such calls
     between its negotiation cycles. When the ranks' compute threads already fill every core of the
-    host, that polling takes its core from a compute thread (measured on our 2-core machine: the
-    toolkit's 2-worker CNN ran at a third of its speed). Open MPI turns yielding on by itself only
+    host, that polling takes its core from a compute thread (docs/knobs.md has the measurement).
+    Open MPI turns yielding on by itself only
     when ranks outnumber slots; this turns it on when the threads leave no core free. With GPUs
     the compute is elsewhere, and Horovod's and Open MPI's defaults stay.
     """
@@ -101,12 +102,9 @@ def mpi_should_yield(threads: int, local_size: int, host_cpus: int, gpus: int) -
 # Horovod's own default cycle (HOROVOD_CYCLE_TIME, ms), kept wherever `gloo_cycle_time_ms` does
 # not apply.
 HOROVOD_DEFAULT_CYCLE_MS = 1.0
-# Compute time one Gloo negotiation cycle takes from a rank whose threads fill the cores (ms).
-# Fitted on our 2-core machine (ResNet-20, two 1-thread ranks, `bench/peers.py`): the best cycle
-# was about 50 ms at a 790 ms step and 20-50 ms at 250-420 ms steps, 1 ms the worst (0.53 of the
-# ceiling); sqrt(2 * 1.5 * step) gives 49 and 27-35 ms. It is far more than the CPU time of the
-# negotiation itself (10-21% of a core at 1 ms); plausibly, a rank's negotiation waits for the other
-# rank's background thread to get a core, about a scheduler slice on a saturated host.
+# Compute time one Gloo negotiation cycle takes from a rank whose threads fill the cores (ms): a
+# constant fitted on one machine (docs/knobs.md says how); HVD_TRAIN_GLOO_CYCLE_COST_MS overrides
+# it.
 GLOO_CYCLE_COST_MS = 1.5
 
 

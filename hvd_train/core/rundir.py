@@ -9,33 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 
 from hvd_train.errors import UserError
 
 MARKER = "run.json"
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 
 class RunDirError(UserError):
     """A run directory that cannot be used (one line, names the path)."""
-
-
-def launcher_rank(environ: Mapping[str, str]) -> int:
-    """This process's rank as its launcher set it (0 outside a launcher), before Horovod starts.
-
-    Raises:
-      RunDirError: a rank variable that is not an integer.
-    """
-    names = [*RANK_VARIABLES, *(("SLURM_PROCID",) if "SLURM_STEP_ID" in environ else ())]
-    for name in names:
-        if name in environ:
-            try:
-                return int(environ[name])
-            except ValueError:
-                raise RunDirError(f"{name}={environ[name]!r} is not an integer rank") from None
-    return 0
 
 
 def prepare(run_dir: str | os.PathLike, resume: bool, overwrite: bool) -> Path:

@@ -10,7 +10,7 @@ Learning rate (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): scale the ba
     lr(step) = peak_lr * decay(step)                                  after
 where step counts optimizer updates, and decay is 1, a step decay (x rate at each boundary) or a
 cosine to 0 over the remaining updates. The optimizer evaluates the schedule itself every update:
-no per-batch Python callback sets the rate (`hvd_train.lr_schedule.WarmupSchedule`).
+no per-batch Python callback sets the rate (`hvd_train.keras.schedules.WarmupSchedule`).
 
 This module is pure Python, so configurations are checked without importing TensorFlow.
 """

@@ -1,23 +1,20 @@
-"""The seam between hvd_train and Horovod: the only package that imports horovod.
-
-Everything distributed that the rest of the toolkit needs (topology, collectives, the distributed
-optimizer, the start-of-training broadcast) is asked of this package. It is also the one place that
-knows the software stack (`stack.NAME`: modern = Keras 3, classic = Keras 2 with Horovod's own
-Keras optimizer) and the few Keras facts that differ between them (variable names and values,
-optimizer variables, the current learning rate): the rest of the tree asks, and never branches.
+"""Deprecated alias of `hvd_train.comm` and `hvd_train.keras` (the package `hvd_train.dist` until
+0.1), kept for one release: removed in 0.3. Import the public names from `hvd_train` (e.g.
+`hvd_train.SyncBatchNormalization`), collectives from `hvd_train.comm`; docs/changelog.md maps
+every old name to its new place.
 """
 
-from hvd_train.dist.core import (
+import warnings
+
+from hvd_train.comm import (
     Average,
     Compression,
     Sum,
     allgather,
     allgather_object,
     allreduce,
-    allreduce_mean,
     barrier,
     broadcast,
-    broadcast_model_state,
     broadcast_object,
     broadcast_variables,
     build_info,
@@ -32,15 +29,7 @@ from hvd_train.dist.core import (
     shutdown,
     size,
 )
-from hvd_train.dist.layers import SyncBatchNormalization, convert_sync_batchnorm
-from hvd_train.dist.optimizer import (
-    DistributedOptimizer,
-    allreduce_count,
-    check_optimizer,
-    is_distributed,
-    traces_collectives,
-)
-from hvd_train.dist.stack import (
+from hvd_train.keras.compat import (
     learning_rate,
     loss_scale,
     optimizer_built,
@@ -48,8 +37,27 @@ from hvd_train.dist.stack import (
     restore_jit_compile,
     variable_name,
 )
-from hvd_train.dist.state import average_non_trainable, reduce_metrics_over_ranks
-from hvd_train.dist.stop import request_stop, stop_agreed
+from hvd_train.keras.layers import SyncBatchNormalization, convert_sync_batchnorm
+from hvd_train.keras.optimizer import (
+    DistributedOptimizer,
+    allreduce_count,
+    check_optimizer,
+    is_distributed,
+    traces_collectives,
+)
+from hvd_train.keras.state import (
+    average_non_trainable,
+    broadcast_model_state,
+    reduce_metrics_over_ranks,
+)
+from hvd_train.keras.stop import request_stop, stop_agreed
+
+warnings.warn(
+    "hvd_train.dist is deprecated and will be removed in hvd_train 0.3: use hvd_train (public "
+    "names), hvd_train.comm (collectives) and hvd_train.keras (Keras layer)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = [
     "Average",
@@ -61,7 +69,6 @@ __all__ = [
     "allgather_object",
     "allreduce",
     "allreduce_count",
-    "allreduce_mean",
     "average_non_trainable",
     "barrier",
     "broadcast",

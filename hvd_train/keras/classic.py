@@ -5,20 +5,22 @@ Keras 2's `train_step` calls `optimizer.minimize`, which calls `compute_gradient
 before gradient clipping (in `apply_gradients`) and, under mixed precision, before the
 LossScaleOptimizer's finite check (Keras 2's LossScaleOptimizer calls the inner `compute_gradients`
 first and checks the unscaled result): every rank sees the same averaged gradient and takes the
-same skip decision. Imported only on the classic stack (`stack.CLASSIC`).
+same skip decision. Imported only on the classic stack (`compat.CLASSIC`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import horovod.tensorflow as hvd
-import horovod.tensorflow.keras as hvd_keras
 import keras
 import tensorflow as tf
 
-from hvd_train.dist import stack
-from hvd_train.dist import stop as stop_flags
+from hvd_train import comm
+
+# Horovod's own Keras 2 optimizer is part of the backend: the one use of it outside hvd_train.comm.
+from hvd_train.comm import horovod as backend
+from hvd_train.keras import compat
+from hvd_train.keras import stop as stop_flags
 
 
 @keras.saving.register_keras_serializable(package="hvd_train")
@@ -59,10 +61,10 @@ def distributed_optimizer(
 ) -> Any:
     """Horovod's DistributedOptimizer around a Keras 2 optimizer (a new object, Horovod's way).
 
-    Arguments as `hvd_train.dist.DistributedOptimizer`, already checked there.
+    Arguments as `hvd_train.keras.optimizer.DistributedOptimizer`, already checked there.
     """
     loss_scaled = keras.mixed_precision.global_policy().name == "mixed_float16"
-    if stack.is_loss_scale_optimizer(optimizer):
+    if compat.is_loss_scale_optimizer(optimizer):
         optimizer, loss_scaled = optimizer.inner_optimizer, True
     if loss_scaled and backward_passes_per_step > 1:
         # The finite check would look at one rank's local, not yet averaged, accumulation on the
@@ -71,7 +73,7 @@ def distributed_optimizer(
             "backward_passes_per_step > 1 with mixed_float16 is not supported on the classic stack "
             "(Keras 2): the loss-scale check would run on un-averaged gradients"
         )
-    distributed = hvd_keras.DistributedOptimizer(
+    distributed = backend.keras2_distributed_optimizer(
         optimizer,
         compression=compression,
         # Embedding gradients (IndexedSlices) densified join the fused allreduce, as on modern.
@@ -80,15 +82,9 @@ def distributed_optimizer(
         op=op,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
-        # One group (`num_groups=1`, now spelled `groups=1`): all gradients of a step go out as
-        # one grouped allreduce, as on the modern stack, instead of Horovod's default of one
-        # allreduce per tensor that its background thread fuses as they arrive. Measured with
-        # Horovod's optimizer, 2 workers under mpirun on 2 shared cores, interleaved launches:
-        # the default job's CNN (8 gradient tensors, batch 32 per rank) showed no difference
-        # beyond the noise (median step 8.9 ms grouped vs 8.4 ms per tensor, 6 launches each,
-        # +-1 ms between launches); a 41-layer MLP (82 tensors) stepped 11% faster grouped (median
-        # 10.3 vs 11.6 ms, faster in 3 of 3 pairs). Grouped costs nothing where tensors are few
-        # and helps where they are many.
+        # One group: all gradients of a step go out as one grouped allreduce, as on the modern
+        # stack, instead of Horovod's default of one allreduce per tensor (docs/knobs.md has the
+        # measurements: no worse where tensors are few, faster where they are many).
         groups=1,
     )
     flags = stop_flags.attach(distributed)
@@ -106,12 +102,12 @@ def distributed_optimizer(
 
 def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
     """Count the runs of the optimizer's gradient allreduce in a variable (shows accumulation is
-    local: one allreduce per update), and send the stop flag with the gradients (dist/stop.py).
+    local: one allreduce per update), and send the stop flag with the gradients (keras/stop.py).
     Horovod calls `_allreduce_grads` directly, or through its accumulation helper on every k-th
     batch; both are wrapped. None run with one worker."""
     count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_allreduce_count")
     object.__setattr__(optimizer, "_hvd_train_allreduce_count", count)
-    if hvd.size() == 1:
+    if comm.size() == 1:
         return
     reduce = optimizer._allreduce_grads
 
@@ -123,7 +119,7 @@ def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
         # function (a tf.function) across optimizers, and one traced with another optimizer's
         # flag fails once that optimizer is gone ("referencing variables which have been deleted").
         local = tf.cast(flags.local, tf.float32)
-        flags.agreed.assign(hvd.allreduce(local, op=hvd.Sum, name="hvd_train_stop_flag"))
+        flags.agreed.assign(comm.allreduce(local, op=comm.Sum, name="hvd_train_stop_flag"))
         return out
 
     optimizer._allreduce_grads = counted
@@ -134,13 +130,13 @@ def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
 def is_distributed(optimizer: Any) -> bool:
     """True for Horovod's Keras DistributedOptimizer, also inside a LossScaleOptimizer (Keras 2's
     calls the inner `compute_gradients`, where Horovod allreduces, before its finite check)."""
-    if stack.is_loss_scale_optimizer(optimizer):
+    if compat.is_loss_scale_optimizer(optimizer):
         optimizer = optimizer.inner_optimizer
     return hasattr(optimizer, "_allreduce_grads")
 
 
 def allreduce_count(optimizer: Any) -> int:
     """How many gradient allreduces the optimizer has run."""
-    if stack.is_loss_scale_optimizer(optimizer):
+    if compat.is_loss_scale_optimizer(optimizer):
         optimizer = optimizer.inner_optimizer
     return int(optimizer._hvd_train_allreduce_count.numpy())

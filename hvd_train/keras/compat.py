@@ -1,11 +1,12 @@
 """Which software stack this process runs, decided once, here; and the few facts that differ.
 
 - modern: Keras 3 (TensorFlow >= 2.16). Horovod's own Keras integration does not work there, so the
-  toolkit's optimizer (`dist/optimizer.py`) and callbacks sit on Horovod's collectives.
+  toolkit's optimizer (`keras/optimizer.py`) and callbacks sit on Horovod's collectives.
 - classic: Keras 2 (tf.keras, TensorFlow <= 2.15), where Horovod's own
-  `horovod.tensorflow.keras.DistributedOptimizer` works and is used (`dist/classic.py`).
+  `horovod.tensorflow.keras.DistributedOptimizer` works and is used (`keras/classic.py`).
 
-Everything outside `hvd_train.dist` asks the helpers below instead of testing the Keras version.
+Keras-version compatibility, not distribution: everything outside this module asks the helpers
+below instead of testing the Keras version.
 """
 
 from __future__ import annotations

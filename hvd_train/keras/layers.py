@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvd_train.dist import stack
+from hvd_train import comm
+from hvd_train.keras import compat
 
 
 def _global_moments(inputs: Any, axes: Any, keepdims: bool = False) -> tuple[Any, Any]:
@@ -36,7 +36,7 @@ def _global_moments(inputs: Any, axes: Any, keepdims: bool = False) -> tuple[Any
         tf.reduce_sum(inputs, axis=axes, keepdims=keepdims),
         tf.reduce_sum(tf.square(inputs), axis=axes, keepdims=keepdims),
     ]
-    total, summed, squares = hvd.grouped_allreduce(local, op=hvd.Sum)
+    total, summed, squares = comm.grouped_allreduce(local, op=comm.Sum)
     mean = summed / total
     variance = tf.maximum(squares / total - tf.square(mean), 0.0)
     return mean, variance
@@ -46,7 +46,7 @@ class _Keras3Moments:
     """Keras 3's hook: `BatchNormalization._moments(inputs, mask)`."""
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
-        if mask is not None or hvd.size() == 1:
+        if mask is not None or comm.size() == 1:
             return super()._moments(inputs, mask)
         return _global_moments(inputs, self._reduction_axes)
 
@@ -61,14 +61,14 @@ class _Keras2Moments:
     def _calculate_mean_and_var(
         self, inputs: Any, reduction_axes: Any, keep_dims: bool, mask: Any = None
     ) -> tuple[Any, Any]:
-        if mask is not None or hvd.size() == 1:
+        if mask is not None or comm.size() == 1:
             return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
         return _global_moments(inputs, reduction_axes, keepdims=keep_dims)
 
 
 @keras.saving.register_keras_serializable(package="hvd_train")
 class SyncBatchNormalization(
-    _Keras2Moments if stack.CLASSIC else _Keras3Moments, keras.layers.BatchNormalization
+    _Keras2Moments if compat.CLASSIC else _Keras3Moments, keras.layers.BatchNormalization
 ):
     """`keras.layers.BatchNormalization` whose training moments span all ranks."""
 

@@ -1,7 +1,7 @@
 """DistributedOptimizer: Horovod's gradient averaging where Keras actually calls it.
 
 On the classic stack (Keras 2) that is Horovod's own `horovod.tensorflow.keras.DistributedOptimizer`
-(`dist/classic.py`); on the modern stack (Keras 3) it is the toolkit's own, below.
+(`keras/classic.py`); on the modern stack (Keras 3) it is the toolkit's own, below.
 
 Horovod 0.28's `horovod.tensorflow.keras.DistributedOptimizer` does not work on Keras 3: it calls
 `var.ref()`, `keras.backend.get_value` and `optimizer.variables()`, none of which exist there, and
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvd_train.dist import stack
-from hvd_train.dist import stop as stop_flags
+from hvd_train import comm
+from hvd_train.keras import compat
+from hvd_train.keras import stop as stop_flags
 
 _classes: dict[type, type] = {}
 
@@ -87,16 +87,16 @@ class _DistributedOptimizer:
         tf.cond(passes % self._hvd_passes == 0, reduce_and_apply, lambda: tf.constant(False))
 
     def _hvd_allreduce(self, grads: list[Any]) -> list[Any]:
-        if hvd.size() == 1:
+        if comm.size() == 1:
             # Nothing to average; keeps the one-worker step free of Horovod.
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
         # Embedding gradients arrive as IndexedSlices; densified, they join the one fused allreduce
         # (Horovod would otherwise allgather them, one collective each).
         tensors = [tf.convert_to_tensor(grads[i]) for i in present]
-        # The stop flag travels with the gradients: see dist/stop.py.
+        # The stop flag travels with the gradients: see keras/stop.py.
         flags = stop_flags.flags_of(self)
-        reduced = hvd.grouped_allreduce(
+        reduced = comm.grouped_allreduce(
             stop_flags.with_flag(tensors, flags),
             op=self._hvd_op,
             compression=self._hvd_compression,
@@ -119,23 +119,25 @@ class _DistributedOptimizer:
 
 def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
-    op: Any = hvd.Average,
-    compression: Any = hvd.Compression.none,
+    op: Any = comm.Average,
+    compression: Any = comm.Compression.none,
     gradient_predivide_factor: float = 1.0,
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
     """Make a Keras optimizer average its gradients over all ranks before each update.
 
-    Keras 3 (modern): the optimizer is changed in place (its class gains the distributed `apply`)
-    and returned; it keeps its name, config and serialised form, so a saved model loads as the
-    plain optimizer. Under the "mixed_float16" policy it is first wrapped in a LossScaleOptimizer,
-    so that the allreduce sits outside the loss-scale finite check (Keras's compile would otherwise
-    wrap it the other way round and let one rank's overflow skip the collective).
+    The contract, on both stacks: pass the returned optimizer to `model.compile` and use only it
+    from then on; the argument is consumed (Keras 3 changes it in place, Keras 2 wraps a copy).
+    The returned optimizer is of the argument's class, keeps its config and serialised form (a
+    saved model loads as the plain optimizer), and satisfies `is_distributed`. Under the
+    "mixed_float16" policy it is a `keras.mixed_precision.LossScaleOptimizer` whose allreduce sits
+    outside the loss-scale finite check, so one rank's overflow never skips the collective that the
+    others run (Keras's compile would wrap the other way round on Keras 3).
 
-    Keras 2 (classic): Horovod's own DistributedOptimizer is returned, a new optimizer of the same
-    class and config (Horovod's way), with one grouped allreduce per update; under
-    "mixed_float16" inside a LossScaleOptimizer, where Keras 2's order is already the right one.
+    How, per stack: Keras 3 (modern) gains the toolkit's distributed `apply` (one grouped
+    allreduce per update); Keras 2 (classic) is Horovod's own DistributedOptimizer with one
+    grouped allreduce per update.
 
     Args:
       optimizer: a Keras optimizer, or a LossScaleOptimizer.
@@ -149,15 +151,15 @@ def DistributedOptimizer(
         b update like one pass of batch k*b. Horovod's Keras default is the sum (False).
 
     Returns:
-      The distributed optimizer: the same object (Keras 3), or Horovod's new one (Keras 2).
+      The optimizer to compile with (see the contract above).
 
     Raises:
       ValueError: an unsupported op, a non-positive factor or pass count, or an optimizer that is
         already distributed.
     """
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"op must be hvd_train.dist.Average or Sum, got {op!r}")
-    if gradient_predivide_factor <= 0 or (gradient_predivide_factor != 1.0 and op != hvd.Average):
+    if op not in (comm.Average, comm.Sum):
+        raise ValueError(f"op must be hvd_train.Average or hvd_train.Sum, got {op!r}")
+    if gradient_predivide_factor <= 0 or (gradient_predivide_factor != 1.0 and op != comm.Average):
         raise ValueError(
             "gradient_predivide_factor must be positive, and other than 1.0 only with op=Average; "
             f"got {gradient_predivide_factor} with op={op}"
@@ -168,10 +170,10 @@ def DistributedOptimizer(
         )
     if is_distributed(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
-    if stack.optimizer_built(optimizer):
+    if compat.optimizer_built(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already built: distribute it before use")
-    if stack.CLASSIC:
-        from hvd_train.dist import classic
+    if compat.CLASSIC:
+        from hvd_train.keras import classic
 
         return classic.distributed_optimizer(
             optimizer,
@@ -182,7 +184,7 @@ def DistributedOptimizer(
             average_aggregated_gradients,
         )
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not (
-        stack.is_loss_scale_optimizer(optimizer)
+        compat.is_loss_scale_optimizer(optimizer)
     ):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
@@ -204,8 +206,8 @@ def DistributedOptimizer(
 
 def is_distributed(optimizer: Any) -> bool:
     """True if the optimizer averages gradients over ranks (made by `DistributedOptimizer`)."""
-    if stack.CLASSIC:
-        from hvd_train.dist import classic
+    if compat.CLASSIC:
+        from hvd_train.keras import classic
 
         return classic.is_distributed(optimizer)
     return getattr(type(optimizer), "_hvd_distributed", False)
@@ -219,13 +221,13 @@ def traces_collectives(optimizer: Any) -> bool:
     """
     if not is_distributed(optimizer):
         return False
-    return stack.CLASSIC or hvd.size() > 1
+    return compat.CLASSIC or comm.size() > 1
 
 
 def allreduce_count(optimizer: Any) -> int:
     """How many gradient allreduces a distributed optimizer has run (0 with one worker)."""
-    if stack.CLASSIC:
-        from hvd_train.dist import classic
+    if compat.CLASSIC:
+        from hvd_train.keras import classic
 
         return classic.allreduce_count(optimizer)
     return optimizer.allreduce_count
@@ -248,7 +250,7 @@ def check_optimizer(optimizer: Any) -> None:
             "DistributedOptimizer after setting the mixed_float16 policy (it then wraps the loss "
             "scaling itself, with the allreduce outside the finite check)"
         )
-    if hvd.size() > 1 and not is_distributed(optimizer):
+    if comm.size() > 1 and not is_distributed(optimizer):
         raise ValueError(
             f"optimizer {optimizer.name!r} is not distributed: wrap it with "
             "hvd_train.DistributedOptimizer, or gradients are never averaged over ranks"

@@ -1,4 +1,4 @@
-"""The learning-rate rule of `hvd_train.schedules` as a Keras schedule the optimizer evaluates.
+"""The learning-rate rule of `hvd_train.core.scaling` as a Keras schedule the optimizer evaluates.
 
 Written in TensorFlow ops, which Keras 3 (TensorFlow backend) and Keras 2 both evaluate, so one
 schedule serves both stacks; it does the warmup on both (Horovod's LearningRateWarmupCallback is not
@@ -14,7 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hvd_train import schedules
+from hvd_train.core import scaling
 
 
 @keras.saving.register_keras_serializable(package="hvd_train")
@@ -22,7 +22,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warmup from base_lr to peak_lr over warmup_steps updates, then none/step/cosine decay.
 
     Evaluated on the optimizer's update counter inside the compiled step, so it costs no Python call
-    per batch, and it resumes exactly from a restored counter. See `hvd_train.schedules`.
+    per batch, and it resumes exactly from a restored counter. See `hvd_train.core.scaling`.
 
     Raises:
       ValueError: inconsistent arguments (names the argument).
@@ -38,7 +38,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         decay_rate: float = 0.1,
         decay_boundaries: Sequence[int] = (),
     ) -> None:
-        schedules.validate_schedule(
+        scaling.validate_schedule(
             base_lr, peak_lr, warmup_steps, total_steps, decay, decay_rate, decay_boundaries
         )
         self.base_lr = float(base_lr)
@@ -106,7 +106,7 @@ def scaled_warmup_schedule(
     Returns:
       The schedule to pass as an optimizer's learning_rate.
     """
-    peak_lr = schedules.scaled_learning_rate(base_lr, global_batch_size, base_batch_size, rule)
+    peak_lr = scaling.scaled_learning_rate(base_lr, global_batch_size, base_batch_size, rule)
     return WarmupSchedule(
         base_lr=base_lr,
         peak_lr=peak_lr,

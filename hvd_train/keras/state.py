@@ -1,4 +1,5 @@
-"""Keeping per-rank model state in agreement: exact metrics, averaged BatchNorm statistics.
+"""Keeping per-rank model state in agreement: the start-of-training broadcast, exact metrics,
+averaged BatchNorm statistics.
 
 Metrics: averaging per-rank means is wrong whenever ranks see different numbers of samples (an
 uneven validation split, a last partial batch). Keras metrics keep additive states (a total and a
@@ -12,13 +13,16 @@ checkpointing, so every variable of the model is identical on every rank at thos
 
 from __future__ import annotations
 
+import hashlib
 import types
+from collections.abc import Iterable
 from typing import Any
 
-import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
-from hvd_train.dist import stack
+from hvd_train import comm
+from hvd_train.keras import compat
 
 
 def _metric_variables(model: Any) -> list[Any]:
@@ -38,7 +42,7 @@ def reduce_metrics_over_ranks(model: Any) -> None:
     (per-batch logs) nothing changes: no collective runs there, so ranks may take different
     numbers of evaluation steps. Idempotent.
     """
-    if getattr(model, "_hvd_reduces_metrics", False) or hvd.size() == 1:
+    if getattr(model, "_hvd_reduces_metrics", False) or comm.size() == 1:
         return
     local_result = model.get_metrics_result
 
@@ -46,8 +50,8 @@ def reduce_metrics_over_ranks(model: Any) -> None:
         if not tf.executing_eagerly():
             return local_result()
         variables = _metric_variables(self)
-        local = [stack.value(v) for v in variables]
-        summed = hvd.grouped_allreduce(local, op=hvd.Sum, name="hvd_train.metric_states")
+        local = [compat.value(v) for v in variables]
+        summed = comm.grouped_allreduce(local, op=comm.Sum, name="hvd_train.metric_states")
         for var, value in zip(variables, summed, strict=True):
             var.assign(value)
         try:
@@ -64,14 +68,45 @@ def reduce_metrics_over_ranks(model: Any) -> None:
 def average_non_trainable(model: Any) -> None:
     """Average the model's floating-point non-trainable variables (BatchNorm moving statistics)
     over ranks, in one grouped allreduce (collective)."""
-    if hvd.size() == 1:
+    if comm.size() == 1:
         return
     floats = ("float16", "bfloat16", "float32", "float64")
     variables = [v for v in model.non_trainable_variables if tf.as_dtype(v.dtype).name in floats]
     if not variables:
         return
-    averaged = hvd.grouped_allreduce(
-        [stack.value(v) for v in variables], op=hvd.Average, name="hvd_train.non_trainable"
+    averaged = comm.grouped_allreduce(
+        [compat.value(v) for v in variables], op=comm.Average, name="hvd_train.non_trainable"
     )
     for var, value in zip(variables, averaged, strict=True):
         var.assign(value)
+
+
+def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
+    """Make every rank start from root's weights and optimizer state (collective).
+
+    Builds the optimizer first if needed, so that its slots (momentum, ...) exist and are sent too;
+    after a resume, the restored state travels the same way.
+
+    Raises:
+      ValueError: the model has no variables yet (build it, e.g. with keras.Input, first).
+    """
+    if not model.variables:
+        raise ValueError(
+            f"model {model.name!r} has no variables to broadcast: build it (keras.Input or "
+            "model.build) before training"
+        )
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables)
+    if optimizer is not None:
+        if not compat.optimizer_built(optimizer):
+            optimizer.build(model.trainable_variables)
+        variables += compat.optimizer_variables(optimizer)
+    comm.broadcast_variables(variables, root_rank)
+
+
+def weights_digest(variables: Iterable[Any]) -> str:
+    """sha256 (hex) of the variables' bytes, in order: equal on ranks that hold equal values."""
+    digest = hashlib.sha256()
+    for variable in variables:
+        digest.update(np.ascontiguousarray(variable.numpy()).tobytes())
+    return digest.hexdigest()

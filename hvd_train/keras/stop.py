@@ -6,15 +6,16 @@ adds a scalar flag, 1 once it has been asked to stop, to the one grouped allredu
 gradients: the reduced flag is non-zero on every rank after the same step, and all stop there. No
 extra collective runs, and reading the result after a step costs one scalar copy. (Keras 2, with
 Horovod's own optimizer: a scalar allreduce beside the gradients', in the same step; see
-`dist/classic.py`.)
+`keras/classic.py`.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import horovod.tensorflow as hvd
 import tensorflow as tf
+
+from hvd_train import comm
 
 _ATTRIBUTE = "_hvd_train_stop"
 
@@ -74,7 +75,7 @@ def stop_agreed(optimizer: Any) -> bool:
     With one worker no allreduce runs: the request itself is the agreement.
     """
     flags = _flags(optimizer)
-    flag = flags.agreed if hvd.size() > 1 else flags.local
+    flag = flags.agreed if comm.size() > 1 else flags.local
     return bool(flag.numpy() > 0)
 
 

@@ -1,7 +1,7 @@
 """`hvd-train train --elastic`: training that goes on while workers leave and join.
 
 Run it under horovodrun's elastic mode (Horovod Elastic, Gloo controller; the command is built by
-`hvd_train.launch.horovodrun_elastic_argv`):
+`hvd_train.core.launch.horovodrun_elastic_argv`):
 
     horovodrun -np 2 --min-np 1 --max-np 3 \\
         --host-discovery-script "mpi_scripts/discover_hosts.sh hosts.txt" \\
@@ -35,7 +35,7 @@ its own state and run loop on `horovod.common.elastic`'s machinery:
   less than one global batch of the epoch is left at the new size, the epoch ends at the reset,
   without validation or checkpoint.
 
-Files: rank 0 of the moment writes checkpoints and metrics as `hvd_train.train` does, and
+Files: rank 0 of the moment writes checkpoints and metrics as `hvd_train.training.fit` does, and
 `elastic.jsonl`: a "start" line after every (re)start (size, progress, batch, steps per epoch,
 learning rate, and every worker's rank, pid, host and weight digest after the sync) and a "commit"
 line per commit.
@@ -46,7 +46,6 @@ checkpoint on disk, so the run directory should be on storage every host can rea
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -59,22 +58,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvd_train import checkpoint as ckpt
-from hvd_train import config as config_lib
-from hvd_train import data, dist
+from hvd_train import comm, data
 from hvd_train.callbacks import distributed_callbacks
-from hvd_train.dist import stack
-from hvd_train.dist.elastic import State, collective_failures, run
-from hvd_train.lr_schedule import scaled_warmup_schedule
-from hvd_train.train import (
-    Result,
-    atomic_write,
-    build_model,
-    compile_distributed,
-    configure_logging,
-    file_writers,
-    run_record,
-)
+from hvd_train.comm.elastic import State, collective_failures, run
+from hvd_train.core import checkpoint as ckpt
+from hvd_train.core import config as config_lib
+from hvd_train.core.config import Config
+from hvd_train.keras import compat
+from hvd_train.keras.state import broadcast_model_state, weights_digest
+from hvd_train.training import records, setup
+from hvd_train.training.setup import Result
+from hvd_train.training.writers import file_writers
 
 log = logging.getLogger("hvd_train")
 
@@ -142,9 +136,9 @@ class TrainingState(State):
         self.model = model
         self.progress = Progress()
         self.on_commit = on_commit
-        self._variables = list(model.variables) + dist.optimizer_variables(model.optimizer)
+        self._variables = list(model.variables) + compat.optimizer_variables(model.optimizer)
         self._saved: tuple[list[np.ndarray], Progress] | None = None
-        super().__init__(bcast_object=dist.broadcast_object, get_rank=dist.rank)
+        super().__init__(bcast_object=comm.broadcast_object, get_rank=comm.rank)
         self.save()
 
     def save(self) -> None:
@@ -162,8 +156,8 @@ class TrainingState(State):
     def sync(self) -> None:
         """Rank 0's state on every rank (collective), then committed there."""
         with collective_failures():
-            dist.broadcast_model_state(self.model)
-            progress = dist.broadcast_object(self.progress, name="hvd_train.elastic.progress")
+            broadcast_model_state(self.model)
+            progress = comm.broadcast_object(self.progress, name="hvd_train.elastic.progress")
         self.progress = progress
         self.save()
 
@@ -212,14 +206,6 @@ class _CheckHosts(keras.callbacks.Callback):
         self.state.check_host_updates()
 
 
-def weights_digest(model: Any) -> str:
-    """A short digest of every model variable's bytes: equal on ranks that hold equal weights."""
-    digest = hashlib.sha256()
-    for var in model.variables:
-        digest.update(np.ascontiguousarray(var.numpy()).tobytes())
-    return digest.hexdigest()[:16]
-
-
 @dataclasses.dataclass
 class _Job:
     """What stays fixed while workers come and go: the config, the data and the model."""
@@ -232,20 +218,10 @@ class _Job:
     started: float
 
 
-def _schedule(config: Any, global_batch: int, steps: int, progress: Progress, updates: int) -> Any:
-    opt = config.optimizer
-    schedule = scaled_warmup_schedule(
-        base_lr=opt.base_lr,
-        base_batch_size=opt.base_batch_size,
-        global_batch_size=global_batch,
-        updates_per_epoch=steps,
-        warmup_epochs=opt.warmup_epochs,
-        epochs=config.train.epochs,
-        rule=opt.lr_rule,
-        decay=opt.decay,
-        decay_rate=opt.decay_rate,
-        decay_epochs=opt.decay_epochs,
-    )
+def _schedule(
+    config: Config, global_batch: int, steps: int, progress: Progress, updates: int
+) -> Any:
+    schedule = setup.make_schedule(config, global_batch, steps)
     offset = schedule_offset(progress.epoch, progress.position, steps, global_batch, updates)
     return ShiftedSchedule(schedule, offset)
 
@@ -283,9 +259,9 @@ def _writers(job: _Job, size: int, steps: int) -> list[keras.callbacks.Callback]
 def _train(state: TrainingState, job: _Job) -> Result:
     """One stretch of training at a fixed worker count: from the synced state to the end, or to
     the next reset (an exception)."""
-    rank, size = dist.rank(), dist.size()
+    rank, size = comm.rank(), comm.size()
     chief = rank == 0
-    configure_logging(rank)
+    setup.configure_logging(rank)
     config, model = job.config, job.model
     train_cfg = config.train
     per_rank_batch, global_batch = config_lib.resolved_batch_sizes(config, size)
@@ -302,10 +278,10 @@ def _train(state: TrainingState, job: _Job) -> Result:
         "rank": rank,
         "pid": os.getpid(),
         "host": os.environ.get("HOROVOD_HOSTNAME", socket.gethostname()),
-        "weights": weights_digest(model),
+        "weights": weights_digest(model.variables)[:16],
     }
-    workers = dist.allgather_object(worker, name="hvd_train.elastic.workers")
-    rate = dist.learning_rate(model.optimizer)
+    workers = comm.allgather_object(worker, name="hvd_train.elastic.workers")
+    rate = compat.learning_rate(model.optimizer)
     log.info(
         "elastic: %d worker(s), epoch %d from position %d, update %d, learning rate %.4g",
         size,
@@ -362,11 +338,7 @@ def _train(state: TrainingState, job: _Job) -> Result:
             verbose=2 if chief else 0,  # one line per epoch, on rank 0
             shuffle=False,  # the sharded dataset reshuffles itself every epoch
         )
-        history = fit.history
-        job.history += [
-            dict(zip(history, values, strict=True))
-            for values in zip(*history.values(), strict=True)
-        ]
+        job.history += records.history_records(fit.history)
     final = model.evaluate(val_ds, return_dict=True, verbose=0)
     return Result(
         epochs_done=train_cfg.epochs,
@@ -377,15 +349,15 @@ def _train(state: TrainingState, job: _Job) -> Result:
     )
 
 
-def train_elastic(config: Any, run_dir: Path, *, argv: list[str] | None = None) -> Result:
+def train_elastic(config: Config, run_dir: Path, *, argv: list[str] | None = None) -> Result:
     """Train `config` on a changing set of workers (horovodrun's elastic mode); see the module doc.
 
     Every worker builds the data and the model by itself, without any collective (a joining
     worker's first collective must be the state sync), then trains under `run`.
 
     Args:
-      config: a validated `hvd_train.config.Config` that passes `config.check_elastic`.
-      run_dir: prepared by `hvd_train.rundir.prepare` on the first rank 0.
+      config: a validated `hvd_train.core.config.Config` that passes `config.check_elastic`.
+      run_dir: prepared by `hvd_train.core.rundir.prepare` on the first rank 0.
       argv: the command line, saved with the run.
 
     Returns:
@@ -396,25 +368,21 @@ def train_elastic(config: Any, run_dir: Path, *, argv: list[str] | None = None) 
         data position needs the samples in one permutation).
     """
     started = time.monotonic()
-    if stack.CLASSIC:
+    if compat.CLASSIC:
         # Its state, schedules and retracing are written (and tested) against Keras 3 only.
         raise config_lib.ConfigError("--elastic needs the modern stack (TensorFlow >= 2.16)")
-    dist.init(step_ms=config.train.step_ms)
-    rank = dist.rank()
-    configure_logging(rank)
+    comm.init(step_ms=config.train.step_ms)
+    rank = comm.rank()
+    setup.configure_logging(rank)
     if os.environ.get("HOROVOD_ELASTIC") != "1":
         log.warning("--elastic outside horovodrun's elastic mode: workers cannot leave or join")
 
-    train_cfg = config.train
-    keras.mixed_precision.set_global_policy(train_cfg.precision)
-    keras.utils.set_random_seed(train_cfg.seed)
-    if train_cfg.deterministic:
-        tf.config.experimental.enable_op_determinism()
+    setup.apply_numerics(config.train)
 
     source = data.load(config.data)
     # Decided by each worker alone (no collective before the first sync); a worker whose copy
     # does not fit stops with the error below, since file shards have no data position.
-    if config.data.cache and data.fits_in_memory(source, dist.local_size()):
+    if config.data.cache and data.fits_in_memory(source, comm.local_size()):
         source = data.decode_into_memory(source)
     if isinstance(source, data.RecordFiles):
         raise data.DataError(
@@ -422,23 +390,18 @@ def train_elastic(config: Any, run_dir: Path, *, argv: list[str] | None = None) 
             "enough memory): TFRecord files read every epoch have no data position"
         )
 
-    model = build_model(config, source.input_shape, source.num_classes)
+    model = setup.build_model(config, source.input_shape, source.num_classes)
     # `_train` sets the schedule for the worker count of the moment; this one only makes the rate
     # a schedule from the start (a rate variable would be dropped from the optimizer's variables
     # when the schedule replaces it, and a joining worker would broadcast one variable more).
-    per_rank_batch, global_batch = config_lib.resolved_batch_sizes(config, dist.size())
-    steps = _steps_per_epoch(source, config, per_rank_batch, rank, dist.size())
-    compile_distributed(model, config, _schedule(config, global_batch, steps, Progress(), 0))
+    per_rank_batch, global_batch = config_lib.resolved_batch_sizes(config, comm.size())
+    steps = _steps_per_epoch(source, config, per_rank_batch, rank, comm.size())
+    setup.compile_distributed(model, config, _schedule(config, global_batch, steps, Progress(), 0))
 
-    # Run records are written once, by the first rank 0 (a joining worker is never rank 0:
-    # horovodrun keeps the oldest hosts first).
-    if dist.is_chief() and not (run_dir / "run.json").exists():
-        record = run_record(config, argv or [], dist.size())
-        atomic_write(run_dir / "run.json", json.dumps(record, indent=1))
-        (run_dir / "config.yaml").write_text(config_lib.dump(config))
-        with (run_dir / "launches.jsonl").open("a") as f:
-            launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv or []}
-            f.write(json.dumps({**launch, "size": dist.size(), "elastic": True}) + "\n")
+    # Written by the first rank 0 (a joining worker is never rank 0: horovodrun keeps the
+    # oldest hosts first).
+    if comm.is_chief():
+        records.record_launch(run_dir, config, argv or [], comm.size(), elastic=True)
 
     job = _Job(config, run_dir, source, model, history=[], started=started)
     return run(_train)(TrainingState(model), job)

@@ -7,10 +7,10 @@ Run under a launcher with either stack's Python (tests/integration/test_classic.
 If W.npz does not exist, rank 0 writes the initial weights of the model built here (this stack's
 initializers); if it exists, the model takes them, by variable order (Keras 2 and 3 order a
 functional model's weights alike: layer by layer, kernel before bias). Everything else is the
-default job's (configs/digits.yaml, as hvd_train.train sets it up): data and its sharded order,
-model, optimizer, learning-rate rule, DistributedOptimizer and distributed callbacks. Rank 0 writes
-every rank's loss at each step, each the loss of that step's batch alone (the metrics are reset
-before every batch, so it is not the epoch's running mean).
+default job's (configs/digits.yaml, as hvd_train.training.fit sets it up): data and its sharded
+order, model, optimizer, learning-rate rule, DistributedOptimizer and distributed callbacks.
+Rank 0 writes every rank's loss at each step, each the loss of that step's batch alone (the metrics
+are reset before every batch, so it is not the epoch's running mean).
 
 One change to the default job: the model's dropout is 0. Its masks come from each Keras's own
 random generator, which the two stacks do not share, so with dropout the losses would differ by
@@ -24,9 +24,11 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from hvd_train import dist
+from hvd_train import comm
+from hvd_train.keras import compat
+from hvd_train.keras.optimizer import DistributedOptimizer
 
-dist.init()
+comm.init()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -35,8 +37,8 @@ import models  # noqa: E402
 from hvd_train import config as config_lib  # noqa: E402
 from hvd_train import data  # noqa: E402
 from hvd_train.callbacks import distributed_callbacks  # noqa: E402
-from hvd_train.lr_schedule import scaled_warmup_schedule  # noqa: E402
-from hvd_train.train import make_optimizer  # noqa: E402 -- the default job's optimizer
+from hvd_train.keras.schedules import scaled_warmup_schedule  # noqa: E402
+from hvd_train.training.fit import make_optimizer  # noqa: E402 -- the default job's optimizer
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
@@ -48,7 +50,7 @@ args = parser.parse_args()
 
 config = config_lib.load(CONFIG, ["model.params={dropout: 0.0}"])
 train_cfg, opt_cfg = config.train, config.optimizer
-rank, size = dist.rank(), dist.size()
+rank, size = comm.rank(), comm.size()
 keras.utils.set_random_seed(train_cfg.seed)
 per_rank_batch, global_batch = config_lib.resolved_batch_sizes(config, size)
 arrays = data.load(config.data)
@@ -61,7 +63,7 @@ if args.steps > steps:
 params = config.model.params
 model = models.build(config.model.name, arrays.input_shape, arrays.num_classes, **params)
 # Rank 0 looks, every rank follows (a rank looking later could find a half-written file).
-load_weights = dist.broadcast_object(args.weights.exists() if rank == 0 else None)
+load_weights = comm.broadcast_object(args.weights.exists() if rank == 0 else None)
 if load_weights:
     stored = np.load(args.weights)
     initial = [stored[f"w{i}"] for i in range(len(stored.files))]
@@ -84,7 +86,7 @@ schedule = scaled_warmup_schedule(
     decay_epochs=opt_cfg.decay_epochs,
 )
 model.compile(
-    optimizer=dist.DistributedOptimizer(make_optimizer(opt_cfg, schedule)),
+    optimizer=DistributedOptimizer(make_optimizer(opt_cfg, schedule)),
     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
 )
 losses: list[float] = []
@@ -106,7 +108,7 @@ model.fit(
     verbose=0,
     shuffle=False,
 )
-every_rank = dist.allgather_object(losses)
+every_rank = comm.allgather_object(losses)
 if rank == 0:
-    record = {"stack": dist.stack.NAME, "keras": keras.__version__, "losses": every_rank}
+    record = {"stack": compat.NAME, "keras": keras.__version__, "losses": every_rank}
     args.out.write_text(json.dumps(record))

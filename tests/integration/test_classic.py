@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jobs import PYTHON, REPO, result_of, run
 
-from hvd_train import launch
+from hvd_train.core import launch
 
 CLASSIC_VENV = os.environ.get("HVD_TRAIN_CLASSIC_VENV", str(REPO / ".venv-classic"))
 CLASSIC_PYTHON = os.path.join(CLASSIC_VENV, "bin", "python")

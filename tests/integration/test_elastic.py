@@ -25,7 +25,7 @@ import psutil
 import pytest
 from jobs import PYTHON, REPO, result_of, run
 
-from hvd_train import checkpoint, launch, schedules
+from hvd_train.core import checkpoint, launch, scaling
 
 CONFIG = str(REPO / "configs" / "digits.yaml")
 DISCOVER = str(REPO / "mpi_scripts" / "discover_hosts.sh")
@@ -100,8 +100,8 @@ def expected_learning_rate(event: dict) -> float:
     size, steps = event["size"], event["steps_per_epoch"]
     assert steps == (TRAIN_SAMPLES // size) // BATCH
     update = event["epoch"] * steps + event["position"] / (BATCH * size)
-    peak = schedules.scaled_learning_rate(BASE_LR, BATCH * size, BATCH)
-    return schedules.learning_rate(
+    peak = scaling.scaled_learning_rate(BASE_LR, BATCH * size, BATCH)
+    return scaling.learning_rate(
         update, BASE_LR, peak, WARMUP_EPOCHS * steps, EPOCHS * steps, "cosine"
     )
 

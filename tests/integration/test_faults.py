@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from jobs import PYTHON, REPO, rank_pid, result_of, run, wait_for
 
-from hvd_train import checkpoint, launch
-from hvd_train.faults import EXIT_PREEMPTED, EXIT_STALLED
+from hvd_train.core import checkpoint, launch
+from hvd_train.core.outcome import EXIT_PREEMPTED, EXIT_RANK_FAILED
 
 CONFIG = str(REPO / "configs" / "digits.yaml")
 HVD_TRAIN = [PYTHON, "-m", "hvd_train.cli"]
@@ -157,7 +157,7 @@ def test_sigkill_under_gloo_names_the_lost_rank(tmp_path):
         during=signal_rank(run_dir, 1, signal.SIGKILL),
     )  # fmt: skip
 
-    assert job.returncode == EXIT_STALLED, job.tail()  # horovodrun's 1, mapped by status.json
+    assert job.returncode == EXIT_RANK_FAILED, job.tail()  # horovodrun's 1, mapped by status.json
     took = time.monotonic() - job.during
     assert took < BOUND_S, f"{took:.1f}s from the kill to the job's end"
     line = next(x for x in job.output.splitlines() if "hvd-train: error: lost" in x)
@@ -173,7 +173,7 @@ def test_frozen_rank_is_named_and_the_job_aborts(tmp_path, launcher):
     fast = ["--set", "fault.stall_floor_s=4", "--set", "fault.heartbeat_s=0.5"]
     job = launch_train(launcher, run_dir, *fast, during=signal_rank(run_dir, 1, signal.SIGSTOP))
 
-    assert job.returncode == EXIT_STALLED, job.tail()
+    assert job.returncode == EXIT_RANK_FAILED, job.tail()
     took = time.monotonic() - job.during
     assert took < BOUND_S, f"{took:.1f}s from the freeze to the job's end"
     line = next(x for x in job.output.splitlines() if "watchdog on rank 0" in x)
@@ -187,15 +187,15 @@ def test_a_rank_crashing_in_native_code_prints_its_python_stack_and_ends_the_job
     program = (
         "import ctypes\n"
         "import tensorflow as tf\n"
-        "from hvd_train import dist\n"
-        "dist.init()\n"
+        "from hvd_train import comm\n"
+        "comm.init()\n"
         "def crash_in_native_code():\n"
         "    ctypes.string_at(0)  # reads address 0: SIGSEGV inside a C function\n"
-        "if dist.rank() == 1:\n"
+        "if comm.rank() == 1:\n"
         "    crash_in_native_code()\n"
-        "dist.allreduce(tf.constant(1.0), op=dist.Sum)  # rank 0 waits for the dead rank\n"
+        "comm.allreduce(tf.constant(1.0), op=comm.Sum)  # rank 0 waits for the dead rank\n"
     )
-    # No PYTHONFAULTHANDLER: the stack must come from dist.init() enabling faulthandler.
+    # No PYTHONFAULTHANDLER: the stack must come from comm.init() enabling faulthandler.
     argv = launch.build("mpirun", 2, [PYTHON, "-c", program])
     job = run(argv, timeout=120, env={"PYTHONFAULTHANDLER": ""})
 

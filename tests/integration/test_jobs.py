@@ -6,7 +6,7 @@ import textwrap
 import pytest
 from jobs import PYTHON, run
 
-from hvd_train import launch
+from hvd_train.core import launch
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
@@ -25,11 +25,11 @@ def test_a_hung_rank_fails_the_test_within_its_timeout(tmp_path):
         textwrap.dedent(
             """
             import time
-            from hvd_train import dist
-            dist.init()
-            if dist.rank() == 1:
+            from hvd_train import comm
+            comm.init()
+            if comm.rank() == 1:
                 time.sleep(3600)  # never reaches the collective
-            dist.barrier()
+            comm.barrier()
             """
         )
     )

@@ -10,7 +10,7 @@ import json
 import pytest
 from jobs import PYTHON, run
 
-from hvd_train import launch
+from hvd_train.core import launch
 
 LAUNCHES = [("mpirun", 1), ("mpirun", 2), ("mpirun", 3), ("horovodrun", 2), ("horovodrun", 3)]
 

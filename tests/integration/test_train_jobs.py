@@ -6,7 +6,7 @@ import re
 import numpy as np
 from jobs import PYTHON, REPO, result_of, run
 
-from hvd_train import launch
+from hvd_train.core import launch
 
 CONFIG = str(REPO / "configs" / "digits.yaml")
 HVD_TRAIN = [PYTHON, "-m", "hvd_train.cli"]

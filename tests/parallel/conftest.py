@@ -10,10 +10,12 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Process sets made during the run (test_collectives): read by Horovod at init.
+os.environ.setdefault("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
 
-from hvd_train import dist
+from hvd_train import comm
 
-dist.init()  # before any test touches TensorFlow: thread pools are fixed at its first op
+comm.init()  # before any test touches TensorFlow: thread pools are fixed at its first op
 
 _outcomes = {"passed": 0, "failed": 0, "skipped": 0}
 
@@ -32,10 +34,10 @@ def pytest_sessionfinish(session, exitstatus):
     out = os.environ.get("HVD_TRAIN_TEST_OUT")
     if out:
         report = {
-            "rank": dist.rank(),
-            "size": dist.size(),
-            "controller": dist.controller(),
+            "rank": comm.rank(),
+            "size": comm.size(),
+            "controller": comm.controller(),
             "exitstatus": int(exitstatus),
             **_outcomes,
         }
-        Path(out, f"rank{dist.rank()}.json").write_text(json.dumps(report))
+        Path(out, f"rank{comm.rank()}.json").write_text(json.dumps(report))

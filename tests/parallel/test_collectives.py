@@ -1,77 +1,130 @@
-"""Horovod's collectives through hvd_train.dist, checked against closed forms of rank-built data."""
+"""Horovod's collectives through hvd_train.comm, checked against closed forms of rank-built data."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_train import dist
+from hvd_train import comm
 
 
 def test_topology_is_consistent():
-    ranks = dist.allgather_object((dist.rank(), dist.size(), dist.local_size(), dist.is_chief()))
-    size = dist.size()
+    ranks = comm.allgather_object((comm.rank(), comm.size(), comm.local_size(), comm.is_chief()))
+    size = comm.size()
     assert [r[0] for r in ranks] == list(range(size))
     assert all(r[1] == size for r in ranks)
     assert [r[3] for r in ranks] == [True] + [False] * (size - 1)
-    assert dist.compute_threads() >= 1
+    assert comm.compute_threads() >= 1
 
 
 def test_allreduce_sum_and_average_of_rank_built_tensors():
-    r, n = dist.rank(), dist.size()
+    r, n = comm.rank(), comm.size()
     x = tf.fill([5, 3], float(r + 1))
-    summed = dist.allreduce(x, op=dist.Sum, name="t.sum").numpy()
-    mean = dist.allreduce(x, op=dist.Average, name="t.avg").numpy()
+    summed = comm.allreduce(x, op=comm.Sum, name="t.sum").numpy()
+    mean = comm.allreduce(x, op=comm.Average, name="t.avg").numpy()
     assert np.all(summed == n * (n + 1) / 2)
     assert np.allclose(mean, (n + 1) / 2)
 
 
 def test_grouped_allreduce_with_scale_factors_and_fp16():
-    r, n = dist.rank(), dist.size()
+    r, n = comm.rank(), comm.size()
     a = tf.constant([1.0, 2.0, 3.0]) * (r + 1)
     b = tf.fill([4, 4], 10.0 * r)
-    out = dist.grouped_allreduce([a, b], op=dist.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    out = comm.grouped_allreduce([a, b], op=comm.Sum, prescale_factor=0.5, postscale_factor=3.0)
     tri = n * (n + 1) / 2
     assert np.allclose(out[0].numpy(), 1.5 * tri * np.array([1.0, 2.0, 3.0]))
     assert np.allclose(out[1].numpy(), 1.5 * 10.0 * n * (n - 1) / 2)
-    half = dist.grouped_allreduce([a], op=dist.Average, compression=dist.Compression.fp16)[0]
+    half = comm.grouped_allreduce([a], op=comm.Average, compression=comm.Compression.fp16)[0]
     assert half.dtype == tf.float32
     assert np.allclose(half.numpy(), (n + 1) / 2 * np.array([1.0, 2.0, 3.0]), rtol=1e-3)
 
 
 @pytest.mark.parametrize("root", ["first", "last"])
 def test_broadcast_from_root(root):
-    n = dist.size()
+    n = comm.size()
     root_rank = 0 if root == "first" else n - 1
-    x = tf.fill([3], float(dist.rank() * 7 + 1))
-    got = dist.broadcast(x, root_rank, name=f"t.bcast.{root}").numpy()
+    x = tf.fill([3], float(comm.rank() * 7 + 1))
+    got = comm.broadcast(x, root_rank, name=f"t.bcast.{root}").numpy()
     assert np.all(got == root_rank * 7 + 1)
 
 
 def test_allgather_uneven_first_dimension():
-    r, n = dist.rank(), dist.size()
+    r, n = comm.rank(), comm.size()
     x = tf.fill([r + 1, 2], float(r))  # rank r contributes r + 1 rows of value r
-    got = dist.allgather(x, name="t.gather").numpy()
+    got = comm.allgather(x, name="t.gather").numpy()
     expected = np.concatenate([np.full((k + 1, 2), float(k)) for k in range(n)])
     assert np.array_equal(got, expected)
 
 
 def test_python_objects():
-    r, n = dist.rank(), dist.size()
-    got = dist.broadcast_object({"from": r, "items": list(range(r + 2))}, root_rank=0)
+    r, n = comm.rank(), comm.size()
+    got = comm.broadcast_object({"from": r, "items": list(range(r + 2))}, root_rank=0)
     assert got == {"from": 0, "items": [0, 1]}
-    assert dist.allgather_object(("rank", r)) == [("rank", k) for k in range(n)]
+    assert comm.allgather_object(("rank", r)) == [("rank", k) for k in range(n)]
 
 
-def test_allreduce_mean_of_logs():
-    r, n = dist.rank(), dist.size()
-    got = dist.allreduce_mean({"loss": float(r), "accuracy": 1.0 / (r + 1)})
-    assert got["loss"] == pytest.approx((n - 1) / 2)
-    assert got["accuracy"] == pytest.approx(sum(1.0 / (k + 1) for k in range(n)) / n)
+def test_allreduce_groups_keeps_the_order_and_the_structure():
+    r, n = comm.rank(), comm.size()
+    # A group is one fused operation of one dtype; groups may differ in dtype.
+    groups = [[tf.fill([2], float(r)), tf.constant([[r, 1.0]])], [], [tf.constant(r + 1, tf.int32)]]
+    out = comm.allreduce_groups(groups, op=comm.Sum)
+    assert [len(g) for g in out] == [2, 0, 1]
+    total = n * (n - 1) / 2
+    assert out[0][0].numpy().tolist() == [total, total]
+    assert out[0][1].numpy().tolist() == [[total, float(n)]]
+    assert int(out[2][0]) == int(total) + n
+
+
+def test_topology_agrees_with_the_ranks():
+    top = comm.topology()
+    ranks = comm.allgather_object((top.rank, top.local_rank, top.cross_rank))
+    assert (top.rank, top.size) == (comm.rank(), comm.size())
+    assert 0 <= top.local_rank < top.local_size <= top.size
+    assert top.local_size * top.cross_size == top.size  # every host runs as many ranks here
+    assert top.is_chief == (top.rank == 0)
+    assert [x[0] for x in ranks] == list(range(top.size))
+
+
+def test_grouped_reducescatter_leaves_each_rank_its_slice():
+    r, n = comm.rank(), comm.size()
+    rows = 2 * n + 1  # uneven: the first slice is one row longer
+    x = tf.reshape(tf.range(rows * 2, dtype=tf.float32), [rows, 2]) * float(r + 1)
+    (got,) = comm.grouped_reducescatter([x], op=comm.Sum)
+    full = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2) * (n * (n + 1) / 2)
+    sizes = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(sizes[:r])
+    np.testing.assert_allclose(got.numpy(), full[start : start + sizes[r]])
+
+
+def test_alltoall_sends_each_rank_its_rows():
+    r, n = comm.rank(), comm.size()
+    # Rank r sends k+1 rows to rank k, each row holding (sender, receiver).
+    rows = [[float(r), float(k)] for k in range(n) for _ in range(k + 1)]
+    splits = tf.constant([k + 1 for k in range(n)], tf.int32)
+    received, counts = comm.alltoall(tf.constant(rows), splits=splits)
+    assert counts.numpy().tolist() == [r + 1] * n
+    expected = [[float(s), float(r)] for s in range(n) for _ in range(r + 1)]
+    assert received.numpy().tolist() == expected
+
+
+def test_a_process_set_of_the_first_ranks_reduces_among_them_only():
+    r, n = comm.rank(), comm.size()
+    if n == 1:
+        pytest.skip("one rank: no process set smaller than the global one")
+    members = list(range(n - 1))
+    subset = comm.add_process_set(members)  # a collective of all ranks
+    got = None
+    if r in members:
+        got = float(comm.allreduce(tf.constant(float(r)), op=comm.Sum, process_set=subset))
+        comm.barrier(process_set=subset)
+    ranks = comm.process_set_ranks(subset)
+    comm.remove_process_set(subset)
+    assert ranks == members
+    assert got == (sum(members) if r in members else None)
 
 
 def test_broadcast_variables_makes_them_equal():
-    v = tf.Variable(tf.fill([2, 2], float(dist.rank())))
-    w = tf.Variable(dist.rank() + 5, dtype=tf.int64)
-    dist.broadcast_variables([v, w], root_rank=0)
-    gathered = dist.allgather_object((v.numpy().tolist(), int(w.numpy())))
+    v = tf.Variable(tf.fill([2, 2], float(comm.rank())))
+    w = tf.Variable(comm.rank() + 5, dtype=tf.int64)
+    comm.broadcast_variables([v, w], root_rank=0)
+    gathered = comm.allgather_object((v.numpy().tolist(), int(w.numpy())))
     assert all(g == ([[0.0, 0.0], [0.0, 0.0]], 5) for g in gathered)

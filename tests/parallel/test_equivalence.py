@@ -13,8 +13,9 @@ import tensorflow as tf
 from util import DIGITS_X, DIGITS_Y, LOSS, max_abs_diff, mlp, rank_seed, spread_over_ranks, weights
 
 import hvd_train
-from hvd_train import dist
-from hvd_train.dist import stack
+from hvd_train import comm
+from hvd_train.keras import compat
+from hvd_train.keras.optimizer import allreduce_count
 
 PER_RANK = 8
 STEPS = 3
@@ -33,7 +34,7 @@ def fit(model, optimizer, x, y, batch, steps, distributed):
 def rank_blocks(steps, passes=1):
     """This rank's samples: global batch u is blocks [u*k*N, (u+1)*k*N) of PER_RANK samples; in
     micro-step j of update u rank r reads block u*k*N + j*N + r."""
-    n, r = dist.size(), dist.rank()
+    n, r = comm.size(), comm.rank()
     ids = [
         np.arange(PER_RANK) + PER_RANK * (u * passes * n + j * n + r)
         for u in range(steps)
@@ -44,7 +45,7 @@ def rank_blocks(steps, passes=1):
 
 def reference(optimizer, steps, passes=1, seed=0):
     """One process, no Horovod: `steps` updates with the global batch passes * N * PER_RANK."""
-    global_batch = passes * dist.size() * PER_RANK
+    global_batch = passes * comm.size() * PER_RANK
     ids = np.arange(steps * global_batch)
     return fit(mlp(seed), optimizer, DIGITS_X[ids], DIGITS_Y[ids], global_batch, steps, False)
 
@@ -82,7 +83,7 @@ def test_n_ranks_equal_one_process_with_global_batch(case):
     assert spread == 0.0, f"ranks disagree by {spread}"
     assert max_abs_diff(expected, initial) > 1e-2, "the reference barely moved: the check is blunt"
     assert max_abs_diff(got, expected) < TOL
-    if dist.size() > 1:  # negative control: no averaging misses the reference by far
+    if comm.size() > 1:  # negative control: no averaging misses the reference by far
         assert max_abs_diff(local, expected) > 100 * TOL
 
 
@@ -97,7 +98,7 @@ def test_sum_op_equals_size_times_the_learning_rate():
         STEPS,
         True,
     )
-    expected = weights(reference(keras.optimizers.SGD(LR / 4 * dist.size()), STEPS))
+    expected = weights(reference(keras.optimizers.SGD(LR / 4 * comm.size()), STEPS))
     assert max_abs_diff(weights(model), expected) < TOL
 
 
@@ -140,6 +141,6 @@ def test_backward_passes_accumulate_locally(passes):
     assert max_abs_diff(got, expected) < TOL
     # Horovod's own optimizer (classic stack) counts batches in `iterations`, Keras 3's updates;
     # the learning-rate schedule counts updates on both (dist/classic.py).
-    assert int(optimizer.iterations.numpy()) == updates * (passes if stack.CLASSIC else 1)
+    assert int(optimizer.iterations.numpy()) == updates * (passes if compat.CLASSIC else 1)
     # One allreduce per update, not per batch: the k passes were summed locally.
-    assert dist.allreduce_count(optimizer) == (updates if dist.size() > 1 else 0)
+    assert allreduce_count(optimizer) == (updates if comm.size() > 1 else 0)

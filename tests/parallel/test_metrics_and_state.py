@@ -4,7 +4,9 @@ import keras
 from util import DIGITS_X, DIGITS_Y, LOSS, mlp, rank_seed, spread_over_ranks
 
 import hvd_train
-from hvd_train import data, dist
+from hvd_train import comm, data
+from hvd_train.keras import compat
+from hvd_train.keras.state import reduce_metrics_over_ranks
 
 
 def bn_model(seed):
@@ -23,16 +25,16 @@ def compiled(model):
 
 
 def test_uneven_validation_gives_the_one_process_accuracy_and_loss():
-    n, r = dist.size(), dist.rank()
+    n, r = comm.size(), comm.rank()
     x_val, y_val = DIGITS_X[:101], DIGITS_Y[:101]  # 101 is not divisible by 2 or 3
     model = compiled(mlp(0))
-    dist.reduce_metrics_over_ranks(model)
+    reduce_metrics_over_ranks(model)
     shard = data.validation_shard((x_val, y_val), 16, r, n)
     got = model.evaluate(shard, return_dict=True, verbose=0)
     reference = compiled(mlp(0))
     local = reference.evaluate(shard, return_dict=True, verbose=0)  # this rank's shard only
     expected = reference.evaluate(x_val, y_val, batch_size=101, return_dict=True, verbose=0)
-    gathered = dist.allgather_object(got)
+    gathered = comm.allgather_object(got)
 
     assert all(g == gathered[0] for g in gathered)
     assert abs(got["accuracy"] - expected["accuracy"]) < 1e-6
@@ -42,7 +44,7 @@ def test_uneven_validation_gives_the_one_process_accuracy_and_loss():
 
 
 def test_fit_history_is_global_and_every_variable_agrees_at_epoch_end():
-    n, r = dist.size(), dist.rank()
+    n, r = comm.size(), comm.rank()
     model = compiled(bn_model(rank_seed()))
     train, steps = data.shard_dataset((DIGITS_X[:600], DIGITS_Y[:600]), 16, r, n, seed=1)
     val = data.validation_shard((DIGITS_X[600:701], DIGITS_Y[600:701]), 16, r, n)
@@ -61,8 +63,10 @@ def test_fit_history_is_global_and_every_variable_agrees_at_epoch_end():
         verbose=0,
         shuffle=False,
     ).history
-    histories = dist.allgather_object(history)
-    moving = [v.numpy() for v in model.non_trainable_variables if "moving" in dist.variable_name(v)]
+    histories = comm.allgather_object(history)
+    moving = [
+        v.numpy() for v in model.non_trainable_variables if "moving" in compat.variable_name(v)
+    ]
 
     assert all(h == histories[0] for h in histories), "ranks report different metrics"
     assert agree == [0.0, 0.0], "BatchNorm statistics (or weights) differ between ranks"

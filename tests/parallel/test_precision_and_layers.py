@@ -8,7 +8,8 @@ from test_equivalence import PER_RANK, STEPS, rank_blocks
 from util import DIGITS_X, DIGITS_Y, LOSS, max_abs_diff, mlp, rank_seed, spread_over_ranks, weights
 
 import hvd_train
-from hvd_train import dist
+from hvd_train import comm
+from hvd_train.keras.layers import convert_sync_batchnorm
 
 
 def fit(model, optimizer, x, y, batch, steps, distributed):
@@ -28,9 +29,9 @@ def distributed(model, x, y, lr):
 
 def one_process(model, x, y, lr):
     """The reference: STEPS updates of one process with the global batch, no Horovod."""
-    ids = np.arange(STEPS * dist.size() * PER_RANK)
+    ids = np.arange(STEPS * comm.size() * PER_RANK)
     return fit(
-        model, keras.optimizers.SGD(lr), x[ids], y[ids], dist.size() * PER_RANK, STEPS, False
+        model, keras.optimizers.SGD(lr), x[ids], y[ids], comm.size() * PER_RANK, STEPS, False
     )
 
 
@@ -44,9 +45,9 @@ def bn_mlp(seed):
 
 
 def test_sync_batchnorm_trains_like_one_process_with_the_global_batch():
-    n = dist.size()
+    n = comm.size()
     initial = bn_mlp(0).get_weights()
-    sync = dist.convert_sync_batchnorm(bn_mlp(rank_seed()))
+    sync = convert_sync_batchnorm(bn_mlp(rank_seed()))
     sync.set_weights(initial)
     sync = distributed(sync, DIGITS_X, DIGITS_Y, 0.5)
     plain = distributed(bn_mlp(0), DIGITS_X, DIGITS_Y, 0.5)

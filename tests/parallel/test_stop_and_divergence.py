@@ -6,7 +6,8 @@ import pytest
 from util import DIGITS_X, DIGITS_Y, LOSS, mlp, rank_seed
 
 import hvd_train
-from hvd_train import callbacks, data, dist, faults
+from hvd_train import callbacks, comm, data
+from hvd_train.core import faults
 
 
 def compiled(model, passes=1):
@@ -40,13 +41,13 @@ class Clock(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        if dist.rank() == dist.size() - 1 and self.epoch == 1 and batch == self.ask.at:
+        if comm.rank() == comm.size() - 1 and self.epoch == 1 and batch == self.ask.at:
             self.ask.signal_name = "SIGTERM"
 
 
 @pytest.mark.parametrize("passes", [1, 2])
 def test_a_stop_asked_on_one_rank_stops_every_rank_after_the_same_step(passes):
-    n, r = dist.size(), dist.rank()
+    n, r = comm.size(), comm.rank()
     model = compiled(mlp(rank_seed()), passes)
     train, steps = data.shard_dataset((DIGITS_X[:800], DIGITS_Y[:800]), 8, r, n, seed=2)
     ask = AskOnOneRank(at=5)
@@ -67,13 +68,13 @@ def test_a_stop_asked_on_one_rank_stops_every_rank_after_the_same_step(passes):
     while n > 1 and (steps + batch + 1) % passes:
         batch += 1
     expected = batch + 1
-    assert dist.allgather_object(where) == [(1, expected)] * n
-    iterations = dist.allgather_object(int(model.optimizer.iterations.numpy()))
+    assert comm.allgather_object(where) == [(1, expected)] * n
+    iterations = comm.allgather_object(int(model.optimizer.iterations.numpy()))
     assert len(set(iterations)) == 1  # every rank made the same updates
 
 
 def test_weight_check_names_a_rank_whose_weights_were_changed():
-    n, r = dist.size(), dist.rank()
+    n, r = comm.size(), comm.rank()
     model = compiled(mlp(rank_seed()))
     train, _ = data.shard_dataset((DIGITS_X[:800], DIGITS_Y[:800]), 8, r, n, seed=2)
 

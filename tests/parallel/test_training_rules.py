@@ -7,8 +7,9 @@ import tensorflow as tf
 from util import DIGITS_X, DIGITS_Y, LOSS, mlp, rank_seed, spread_over_ranks, weights
 
 import hvd_train
-from hvd_train import data, dist
-from hvd_train.dist import stack
+from hvd_train import comm, data
+from hvd_train.keras import compat
+from hvd_train.keras.state import broadcast_model_state
 
 PER_RANK = 8
 
@@ -29,16 +30,16 @@ def test_initial_weights_and_optimizer_state_come_from_rank_0():
     optimizer = hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
     model.compile(optimizer=optimizer, loss=LOSS)
     optimizer.build(model.trainable_variables)
-    for slot in dist.optimizer_variables(optimizer):  # rank-specific state, e.g. momentum
+    for slot in compat.optimizer_variables(optimizer):  # rank-specific state, e.g. momentum
         if slot.dtype == "float32":
-            slot.assign(tf.fill(slot.shape, float(dist.rank() + 1)))
+            slot.assign(tf.fill(slot.shape, float(comm.rank() + 1)))
     before = spread_over_ranks(weights(model))
-    dist.broadcast_model_state(model)
-    state = weights(model) + [v.numpy() for v in dist.optimizer_variables(optimizer)]
+    broadcast_model_state(model)
+    state = weights(model) + [v.numpy() for v in compat.optimizer_variables(optimizer)]
     spread = spread_over_ranks(state)
-    slots = [v.numpy() for v in dist.optimizer_variables(optimizer) if v.dtype == "float32"]
+    slots = [v.numpy() for v in compat.optimizer_variables(optimizer) if v.dtype == "float32"]
 
-    if dist.size() > 1:
+    if comm.size() > 1:
         assert before > 0.0, "ranks started equal: the test would not see a missing broadcast"
     assert spread == 0.0
     assert all(np.all(s == 1.0) for s in slots)  # rank 0's values
@@ -46,7 +47,7 @@ def test_initial_weights_and_optimizer_state_come_from_rank_0():
 
 @pytest.mark.parametrize("rule", ["linear", "sqrt"])
 def test_learning_rate_follows_the_formula_at_every_step(rule):
-    n, steps, epochs, warmup_epochs, base_lr = dist.size(), 4, 3, 2, 0.01
+    n, steps, epochs, warmup_epochs, base_lr = comm.size(), 4, 3, 2, 0.01
     schedule = hvd_train.scaled_warmup_schedule(
         base_lr=base_lr,
         base_batch_size=PER_RANK,
@@ -59,7 +60,7 @@ def test_learning_rate_follows_the_formula_at_every_step(rule):
 
     class Record(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            seen.append(dist.learning_rate(self.model.optimizer))
+            seen.append(compat.learning_rate(self.model.optimizer))
 
     model = mlp(rank_seed())
     model.compile(
@@ -68,7 +69,7 @@ def test_learning_rate_follows_the_formula_at_every_step(rule):
     train, per_epoch = data.shard_dataset(
         (DIGITS_X[: steps * PER_RANK * n], DIGITS_Y[: steps * PER_RANK * n]),
         PER_RANK,
-        dist.rank(),
+        comm.rank(),
         n,
     )
     fit(model, train, per_epoch, [Record()], epochs=epochs)
@@ -88,15 +89,15 @@ def test_mixed_float16_inf_on_one_rank_skips_the_update_on_all():
         optimizer = hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.1))
         model.compile(optimizer=optimizer, loss=LOSS)
         x = DIGITS_X[: 2 * PER_RANK].copy()
-        if dist.rank() == dist.size() - 1:
+        if comm.rank() == comm.size() - 1:
             x[0] = np.inf  # the last rank's gradients are non-finite, the others' are fine
         data_set = tf.data.Dataset.from_tensor_slices((x, DIGITS_Y[: 2 * PER_RANK])).batch(PER_RANK)
-        dist.broadcast_model_state(model)
+        broadcast_model_state(model)
         initial = weights(model)
-        scale_before = dist.loss_scale(optimizer)
+        scale_before = compat.loss_scale(optimizer)
         fit(model, data_set.take(1), 1)
         after_overflow = weights(model)
-        scale_after = dist.loss_scale(optimizer)
+        scale_after = compat.loss_scale(optimizer)
         spread = spread_over_ranks([*after_overflow, np.array(scale_after)])
         # The next, finite step on every rank updates all ranks alike.
         clean = tf.data.Dataset.from_tensor_slices(
@@ -110,14 +111,14 @@ def test_mixed_float16_inf_on_one_rank_skips_the_update_on_all():
 
     assert isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
     assert spread == 0.0 and spread_clean == 0.0
-    if dist.size() > 1:
+    if comm.size() > 1:
         assert all(np.array_equal(a, b) for a, b in zip(initial, after_overflow, strict=True))
         assert scale_after == scale_before / 2
     assert any(not np.array_equal(a, b) for a, b in zip(after_overflow, after_clean, strict=True))
 
 
 @pytest.mark.skipif(
-    stack.CLASSIC,
+    compat.CLASSIC,
     reason="Keras 2's LossScaleOptimizer computes gradients through the inner optimizer, where "
     "Horovod allreduces, before its finite check: wrapping it around is the right order there",
 )
@@ -135,7 +136,7 @@ def test_loss_scaling_wrapped_around_the_distributed_optimizer_is_refused():
 
 
 @pytest.mark.skipif(
-    not stack.CLASSIC,
+    not compat.CLASSIC,
     reason="a classic-only limit: the modern optimizer accumulates before its loss-scale check",
 )
 def test_classic_refuses_accumulation_under_mixed_float16():
@@ -152,7 +153,7 @@ def test_an_optimizer_that_is_not_distributed_is_refused():
     model = mlp(rank_seed())
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
     data_set = tf.data.Dataset.from_tensor_slices((DIGITS_X[:8], DIGITS_Y[:8])).batch(8)
-    if dist.size() == 1:
+    if comm.size() == 1:
         fit(model, data_set, 1)  # nothing to average with one worker
     else:
         with pytest.raises(ValueError, match="is not distributed"):
@@ -176,13 +177,13 @@ def test_jit_compile_is_kept_off_the_distributed_train_step_and_on_evaluation():
 
 @pytest.mark.parametrize("num_samples", [1797, 96])
 def test_shards_are_disjoint_cover_the_data_and_give_equal_steps(num_samples):
-    n, r = dist.size(), dist.rank()
+    n, r = comm.size(), comm.rank()
     per_epoch = []
     for epoch in range(3):
         ids = data.shard_indices(num_samples, r, n, epoch, seed=7)
-        per_epoch.append(dist.allgather_object(ids.tolist()))
+        per_epoch.append(comm.allgather_object(ids.tolist()))
     _, steps = data.shard_dataset((np.arange(num_samples),), 4, r, n, seed=7)
-    all_steps = dist.allgather_object(steps)
+    all_steps = comm.allgather_object(steps)
 
     for shards in per_epoch:
         union = np.concatenate(shards)

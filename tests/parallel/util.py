@@ -5,7 +5,7 @@ import numpy as np
 from sklearn.datasets import load_digits
 
 import models
-from hvd_train import dist
+from hvd_train import comm
 
 _x, _y = load_digits(return_X_y=True)
 DIGITS_X = (_x / 16.0).astype("float32")
@@ -22,7 +22,7 @@ def mlp(seed: int) -> keras.Model:
 def rank_seed() -> int:
     """Rank 0 initialises like the reference (seed 0), other ranks differently: the broadcast of
     initial weights must make them agree."""
-    return 0 if dist.rank() == 0 else 1000 + dist.rank()
+    return 0 if comm.rank() == 0 else 1000 + comm.rank()
 
 
 def weights(model: keras.Model) -> list[np.ndarray]:
@@ -36,5 +36,5 @@ def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 def spread_over_ranks(values: list[np.ndarray]) -> float:
     """Largest difference between any rank's arrays and rank 0's (0.0 when all agree)."""
     flat = np.concatenate([v.ravel() for v in values]).astype("float64")
-    gathered = dist.allgather_object(flat)
+    gathered = comm.allgather_object(flat)
     return max(float(np.max(np.abs(g - gathered[0]))) for g in gathered)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hvd_train import config
-from hvd_train.config import Config, ConfigError
+from hvd_train.core import config, environment
+from hvd_train.core.config import Config, ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -467,7 +467,7 @@ def test_resolved_batch_sizes():
     ],
 )
 def test_launcher_size(environ, expected):
-    assert config.launcher_size(environ) == expected
+    assert environment.launcher_size(environ) == expected
 
 
 @pytest.mark.parametrize(
@@ -480,16 +480,19 @@ def test_launcher_size(environ, expected):
     ],
 )
 def test_launcher_size_rejects_a_bad_value_naming_the_variable(environ, message):
-    assert message in error_of(config.launcher_size, environ)
+    with pytest.raises(environment.LauncherEnvironmentError) as info:
+        environment.launcher_size(environ)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_config_does_not_import_tensorflow_or_keras():
     code = textwrap.dedent(
         """
         import sys
-        from hvd_train import config
+        from hvd_train.core import config, environment
         cfg = config.load("configs/digits.yaml", ["train.epochs=3"])
-        config.validate(cfg, size=config.launcher_size({"HOROVOD_SIZE": "2"}))
+        config.validate(cfg, size=environment.launcher_size({"HOROVOD_SIZE": "2"}))
         config.dump(cfg)
         loaded = sorted(m for m in ("tensorflow", "keras", "numpy", "horovod") if m in sys.modules)
         print(loaded)

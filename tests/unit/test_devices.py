@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvd_train.dist import devices
+from hvd_train.core import placement as devices
 
 
 @pytest.mark.parametrize(

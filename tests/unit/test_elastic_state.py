@@ -5,8 +5,12 @@ import keras
 import numpy as np
 import pytest
 
-from hvd_train import data, dist, elastic, schedules
-from hvd_train.lr_schedule import scaled_warmup_schedule
+from hvd_train import data
+from hvd_train.core import scaling
+from hvd_train.keras import compat
+from hvd_train.keras.schedules import scaled_warmup_schedule
+from hvd_train.keras.state import weights_digest
+from hvd_train.training import elastic
 
 
 def _ids_of_steps(source, batch, size, epoch, steps, start_position=0):
@@ -83,7 +87,7 @@ def test_learning_rate_after_a_reset_follows_the_epochs_and_the_new_global_batch
     offset = elastic.schedule_offset(1, 320, 11, 128, 27)
     assert offset == 11 + 2.5 - 27
     rate = float(elastic.ShiftedSchedule(rule(4, 11), offset)(27))
-    expected = schedules.learning_rate(13.5, 0.05, 0.2, 22, 110, "cosine")
+    expected = scaling.learning_rate(13.5, 0.05, 0.2, 22, 110, "cosine")
     assert expected == pytest.approx(0.05 + 0.15 * 13.5 / 22)
     assert rate == pytest.approx(expected, rel=1e-6)
     assert elastic.schedule_offset(3, 640, 22, 64, 3 * 22 + 10) == 0  # no change of size
@@ -110,6 +114,6 @@ def test_state_restores_the_last_commit():
     for var, value in zip(model.variables, committed, strict=True):
         assert np.array_equal(var.numpy(), value)
     assert len(state._saved[0]) == len(model.variables) + len(
-        dist.optimizer_variables(model.optimizer)
+        compat.optimizer_variables(model.optimizer)
     )
-    assert elastic.weights_digest(model) == elastic.weights_digest(model)
+    assert weights_digest(model.variables) == weights_digest(model.variables)

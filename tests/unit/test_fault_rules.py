@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from hvd_train import checkpoint, cli, faults, guards, launch
-from hvd_train.faults import Peer, StallRule
+from hvd_train import cli
+from hvd_train.core import checkpoint, faults, guards, launch
+from hvd_train.core.faults import Peer, StallRule
 
 
 def test_stall_bound_is_the_startup_bound_until_a_step_then_follows_the_slowest_step():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvd_train import launch
+from hvd_train.core import launch
 
 CMD = ["python", "train.py", "--epochs", "2"]
 

@@ -3,7 +3,8 @@
 import keras
 import pytest
 
-from hvd_train import dist
+from hvd_train import comm
+from hvd_train.keras.optimizer import DistributedOptimizer, is_distributed
 
 
 @pytest.mark.parametrize(
@@ -11,41 +12,41 @@ from hvd_train import dist
     [
         ({"op": "max"}, "op must be"),
         ({"gradient_predivide_factor": 0.0}, "must be positive"),
-        ({"gradient_predivide_factor": 2.0, "op": dist.Sum}, "only with op=Average"),
+        ({"gradient_predivide_factor": 2.0, "op": comm.Sum}, "only with op=Average"),
         ({"backward_passes_per_step": 0}, "int >= 1, got 0"),
         ({"backward_passes_per_step": 1.5}, "int >= 1, got 1.5"),
     ],
 )
 def test_bad_options_name_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        dist.DistributedOptimizer(keras.optimizers.SGD(0.1), **kwargs)
+        DistributedOptimizer(keras.optimizers.SGD(0.1), **kwargs)
 
 
 def test_wraps_in_place_and_keeps_the_serialised_form():
     sgd = keras.optimizers.SGD(0.1, momentum=0.5)
     config = sgd.get_config()
-    wrapped = dist.DistributedOptimizer(sgd)
-    assert wrapped is sgd and dist.is_distributed(sgd)
+    wrapped = DistributedOptimizer(sgd)
+    assert wrapped is sgd and is_distributed(sgd)
     assert isinstance(sgd, keras.optimizers.SGD) and type(sgd).__name__ == "SGD"
     assert keras.optimizers.serialize(sgd)["config"] == config
     assert keras.optimizers.serialize(sgd)["class_name"] == "SGD"
     with pytest.raises(ValueError, match="already distributed"):
-        dist.DistributedOptimizer(sgd)
+        DistributedOptimizer(sgd)
 
 
 def test_mixed_float16_puts_the_loss_scaling_inside():
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        optimizer = dist.DistributedOptimizer(keras.optimizers.Adam(1e-3))
+        optimizer = DistributedOptimizer(keras.optimizers.Adam(1e-3))
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    assert dist.is_distributed(optimizer)
-    assert not dist.is_distributed(optimizer.inner_optimizer)
+    assert is_distributed(optimizer)
+    assert not is_distributed(optimizer.inner_optimizer)
 
 
 def test_a_built_optimizer_is_refused():
     sgd = keras.optimizers.SGD(0.1)
     sgd.build([keras.Variable([1.0])])
     with pytest.raises(ValueError, match="already built"):
-        dist.DistributedOptimizer(sgd)
+        DistributedOptimizer(sgd)

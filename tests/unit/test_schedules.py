@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hvd_train import schedules
+from hvd_train.core import scaling
 
 
 @pytest.mark.parametrize(
@@ -18,7 +18,7 @@ from hvd_train import schedules
     ],
 )
 def test_resolve_batch_sizes(size, per_rank, global_, expected):
-    assert schedules.resolve_batch_sizes(size, per_rank, global_) == expected
+    assert scaling.resolve_batch_sizes(size, per_rank, global_) == expected
 
 
 @pytest.mark.parametrize(
@@ -34,23 +34,23 @@ def test_resolve_batch_sizes(size, per_rank, global_, expected):
 )
 def test_resolve_batch_sizes_errors_name_the_value(args, message):
     with pytest.raises(ValueError, match=message):
-        schedules.resolve_batch_sizes(*args)
+        scaling.resolve_batch_sizes(*args)
 
 
 def test_scaled_learning_rate_linear_and_sqrt():
-    assert schedules.scaled_learning_rate(0.1, 256, 32) == pytest.approx(0.8)
-    assert schedules.scaled_learning_rate(0.1, 128, 32, "sqrt") == pytest.approx(0.2)
+    assert scaling.scaled_learning_rate(0.1, 256, 32) == pytest.approx(0.8)
+    assert scaling.scaled_learning_rate(0.1, 128, 32, "sqrt") == pytest.approx(0.2)
     with pytest.raises(ValueError, match="lr rule"):
-        schedules.scaled_learning_rate(0.1, 128, 32, "cubic")
+        scaling.scaled_learning_rate(0.1, 128, 32, "cubic")
 
 
 def test_learning_rate_closed_forms():
     # Goyal et al.: from base to k * base linearly over the warmup, then constant.
-    lr = [schedules.learning_rate(s, 0.1, 0.8, 10) for s in range(0, 15)]
+    lr = [scaling.learning_rate(s, 0.1, 0.8, 10) for s in range(0, 15)]
     assert lr[0] == pytest.approx(0.1) and lr[5] == pytest.approx(0.45) and lr[10:] == [0.8] * 5
-    step = [schedules.learning_rate(s, 0.1, 1.0, 0, None, "step", 0.1, [5, 8]) for s in (4, 5, 8)]
+    step = [scaling.learning_rate(s, 0.1, 1.0, 0, None, "step", 0.1, [5, 8]) for s in (4, 5, 8)]
     assert step == pytest.approx([1.0, 0.1, 0.01])
-    cos = [schedules.learning_rate(s, 0.1, 1.0, 2, 12, "cosine") for s in (2, 7, 12, 20)]
+    cos = [scaling.learning_rate(s, 0.1, 1.0, 2, 12, "cosine") for s in (2, 7, 12, 20)]
     assert cos == pytest.approx([1.0, 0.5, 0.0, 0.0], abs=1e-12)
 
 
@@ -75,12 +75,12 @@ def test_schedule_validation(kwargs, message):
         "decay_boundaries": (),
     }
     with pytest.raises(ValueError, match=message):
-        schedules.validate_schedule(**{**args, **kwargs})
+        scaling.validate_schedule(**{**args, **kwargs})
 
 
 @pytest.mark.parametrize("decay", ["none", "step", "cosine"])
 def test_keras_schedule_matches_the_python_formula(decay):
-    from hvd_train.lr_schedule import WarmupSchedule, scaled_warmup_schedule
+    from hvd_train.keras.schedules import WarmupSchedule, scaled_warmup_schedule
 
     schedule = scaled_warmup_schedule(
         base_lr=0.05,
@@ -96,7 +96,7 @@ def test_keras_schedule_matches_the_python_formula(decay):
     assert isinstance(schedule, WarmupSchedule)
     kwargs = schedule.get_config()
     got = [float(np.array(schedule(s))) for s in range(0, 90)]
-    want = [schedules.learning_rate(s, **kwargs) for s in range(0, 90)]
+    want = [scaling.learning_rate(s, **kwargs) for s in range(0, 90)]
     assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
     assert got[20] == pytest.approx(0.15 if decay != "cosine" else 0.15 * 0.5 * (1 + math.cos(0)))
     assert WarmupSchedule.from_config(kwargs).get_config() == kwargs

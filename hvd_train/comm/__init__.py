@@ -1,0 +1,97 @@
+"""The seam between hvd_train and Horovod: the topology of this job and its collectives.
+
+Everything distributed that the rest of the toolkit needs is asked of this package:
+
+- topology: `init`, `topology()` (rank, size, local and cross rank and size), `rank`, `size`,
+  `is_chief`, `controller`, `build_info`, `shutdown`;
+- process sets: `ProcessSet`, `add_process_set`, `remove_process_set`, `process_set_ranks`; every
+  collective takes `process_set=` (None: all ranks);
+- collectives: `allreduce`, `grouped_allreduce`, `allreduce_groups` (an ordered list of groups,
+  for buckets), `broadcast`, `broadcast_variables`, `broadcast_object`, `allgather`,
+  `allgather_object`, `grouped_reducescatter`, `alltoall`, `barrier`, `join`;
+- elastic hooks (`comm.elastic`: reset, hosts changed, the run loop) and Horovod's timeline
+  (`comm.timeline`).
+
+Only `hvd_train.comm.horovod` (the backend) imports horovod; import-linter enforces it in
+`make lint`. Keras-version differences live in `hvd_train.keras`, not here.
+"""
+
+from hvd_train.comm.collectives import (
+    Average,
+    Compression,
+    Max,
+    Min,
+    ProcessSet,
+    Sum,
+    add_process_set,
+    allgather,
+    allgather_object,
+    allreduce,
+    allreduce_groups,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    global_process_set,
+    grouped_allreduce,
+    grouped_reducescatter,
+    join,
+    process_set_ranks,
+    remove_process_set,
+)
+from hvd_train.comm.runtime import (
+    Topology,
+    build_info,
+    compute_threads,
+    controller,
+    cross_rank,
+    cross_size,
+    init,
+    is_chief,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+    topology,
+)
+
+__all__ = [
+    "Average",
+    "Compression",
+    "Max",
+    "Min",
+    "ProcessSet",
+    "Sum",
+    "Topology",
+    "add_process_set",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "allreduce_groups",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "broadcast_variables",
+    "build_info",
+    "compute_threads",
+    "controller",
+    "cross_rank",
+    "cross_size",
+    "global_process_set",
+    "grouped_allreduce",
+    "grouped_reducescatter",
+    "init",
+    "is_chief",
+    "join",
+    "local_rank",
+    "local_size",
+    "process_set_ranks",
+    "rank",
+    "remove_process_set",
+    "shutdown",
+    "size",
+    "topology",
+]

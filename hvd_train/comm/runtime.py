@@ -1,0 +1,205 @@
+"""Starting and ending Horovod on this rank, and where this rank sits: the topology, the placement
+(one GPU per local rank, a fair share of the CPU threads) and the settings Open MPI and Horovod read
+when they start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from hvd_train.comm import collectives
+from hvd_train.comm import horovod as backend
+from hvd_train.core import environment, placement
+
+log = logging.getLogger("hvd_train")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this rank sits (Horovod's words): `rank` of `size` workers; `local_rank` of the
+    `local_size` workers on its host; `cross_rank` of the `cross_size` hosts that have a worker of
+    its local rank (the host index when every host runs as many workers)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+_compute_threads: int | None = None
+
+
+def init(
+    threads: int | None = None,
+    pin_gpu: bool = True,
+    step_ms: float | None = None,
+    process_sets: Sequence[Any] | None = None,
+) -> None:
+    """Start Horovod and place this rank: one GPU per local rank, a fair share of the CPU threads.
+
+    Must run before TensorFlow executes its first op, since device visibility and thread pools are
+    fixed from then on. Calling it again is a no-op. Enables `faulthandler`, so that a rank killed
+    by a fatal signal in native code prints its Python stacks.
+
+    Args:
+      threads: intra- and inter-op threads for TensorFlow; None derives them from this rank's CPU
+        affinity and the ranks on its host (`core.placement.compute_threads`).
+      pin_gpu: make only the local rank's GPU visible, with memory growth.
+      step_ms: the expected time of one training step on one rank (e.g. measured by an earlier
+        run); None reads HVD_TRAIN_STEP_MS if set. Under Gloo on a CPU-only host whose cores the
+        ranks fill, Horovod's cycle time is derived from it (`core.placement.gloo_cycle_time_ms`).
+      process_sets: `comm.ProcessSet`s to register at start (every rank passes the same);
+        more can be added later with `comm.add_process_set` under HOROVOD_DYNAMIC_PROCESS_SETS=1.
+
+    Raises:
+      RuntimeError: TensorFlow's runtime started before `init` (the placement cannot apply).
+      LauncherEnvironmentError: a launcher or tuning variable that cannot be used.
+    """
+    global _compute_threads
+    if backend.is_started() and _compute_threads is not None:
+        return
+    if not faulthandler.is_enabled():
+        # A rank killed by a fatal signal inside MPI, Horovod or TensorFlow prints its Python stacks
+        # (all threads): in a job of many ranks the log then says which rank died, and where.
+        with contextlib.suppress(ValueError, AttributeError, OSError, RuntimeError):
+            faulthandler.enable(all_threads=True)  # fails only where stderr is no file (notebooks)
+    launcher = environment.read(os.environ)
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    host = placement.host_cpu_count()
+    if threads is None and launcher.local_size is not None:
+        # Ranks on a host share its cores: each takes its share, not one thread per core.
+        threads = placement.compute_threads(
+            placement.affinity_cpu_count(), host, launcher.local_size
+        )
+    _tune_before_start(launcher, threads, host, gpus, step_ms)
+    backend.start(process_sets)
+    physical = tf.config.list_physical_devices("GPU")
+    local = topology()
+    if physical and pin_gpu:
+        # One GPU per local rank: otherwise every rank allocates memory on GPU 0.
+        gpu = physical[placement.gpu_for_local_rank(local.local_rank, len(physical))]
+        if local.local_size > len(physical):
+            log.warning("%d local ranks share %d GPU(s)", local.local_size, len(physical))
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if threads is None:
+        threads = placement.compute_threads(placement.affinity_cpu_count(), host, local.local_size)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError as err:
+        raise RuntimeError(
+            "hvd_train.init() must run before TensorFlow executes any op "
+            f"(threads could not be set: {err})"
+        ) from err
+    _compute_threads = threads
+
+
+def _tune_before_start(
+    launcher: environment.Launcher,
+    threads: int | None,
+    host: int,
+    gpus: int,
+    step_ms: float | None,
+) -> None:
+    """Settings Open MPI and Horovod read at their start, derived where the user set none."""
+    if threads is None or launcher.local_size is None:
+        return
+    if (
+        launcher.controller == "mpi"
+        and not launcher.user_set_mpi_yield
+        and placement.mpi_should_yield(threads, launcher.local_size, host, gpus)
+    ):
+        os.environ[environment.MPI_YIELD] = "1"
+    if launcher.controller == "gloo" and not launcher.user_set_cycle_time:
+        step = step_ms if step_ms is not None else launcher.step_ms
+        cost = launcher.gloo_cycle_cost_ms or placement.GLOO_CYCLE_COST_MS
+        cycle = placement.gloo_cycle_time_ms(
+            "gloo", gpus, threads, launcher.local_size, host, step, cost
+        )
+        if cycle is not None:
+            os.environ[environment.CYCLE_TIME] = f"{cycle:g}"
+            log.info("Horovod cycle time %g ms (Gloo, cores filled, step %g ms)", cycle, step)
+
+
+def compute_threads() -> int:
+    """The intra-op thread count `init` gave this rank."""
+    if _compute_threads is None:
+        raise RuntimeError("hvd_train.init() has not run")
+    return _compute_threads
+
+
+def topology() -> Topology:
+    """This rank's place in the job (after `init`)."""
+    return Topology(*backend.topology())
+
+
+def rank() -> int:
+    """This process's rank among all workers (0 .. size-1)."""
+    return backend.rank()
+
+
+def size() -> int:
+    """Number of workers in the job."""
+    return backend.size()
+
+
+def local_rank() -> int:
+    """This process's rank among the workers on its host."""
+    return topology().local_rank
+
+
+def local_size() -> int:
+    """Number of workers on this host."""
+    return topology().local_size
+
+
+def cross_rank() -> int:
+    """The index of this rank's host among the hosts (homogeneous jobs)."""
+    return topology().cross_rank
+
+
+def cross_size() -> int:
+    """Number of hosts with a worker of this rank's local rank."""
+    return topology().cross_size
+
+
+def is_chief() -> bool:
+    """True on rank 0, the rank that alone writes files (checkpoints, logs, plots)."""
+    return backend.rank() == 0
+
+
+def controller() -> str:
+    """The Horovod controller of this job: "mpi" or "gloo"."""
+    return backend.controller()
+
+
+def build_info() -> dict[str, bool]:
+    """What this Horovod build contains (as `horovodrun --check-build` reports)."""
+    return backend.build_info()
+
+
+def shutdown() -> None:
+    """End Horovod on every rank at one point (call it on every rank): a barrier, then the shutdown
+    (under mpirun, Horovod's background thread finalizes MPI).
+
+    Without it, the first rank to exit ends Horovod for all (its request travels in the next
+    cycle), and the others finalize MPI in the background while their main threads still work.
+    Collectives fail afterwards.
+    """
+    collectives.barrier()
+    backend.stop()

@@ -1,0 +1,91 @@
+"""Rank 0's records of a run: `run.json` (once), one `launches.jsonl` line and the `config.yaml` in
+force per launch, `status.json` (how the launch ended), and atomic writes for all of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from hvd_train import comm
+from hvd_train.core import config as config_lib
+from hvd_train.core.outcome import Status
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def versions() -> dict[str, str | None]:
+    """The software every rank must share."""
+    import keras
+    import tensorflow as tf
+
+    from hvd_train import doctor
+
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "horovod": doctor.package_version("horovod"),
+        "hvd_train": doctor.package_version("hvd_train"),
+    }
+
+
+def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
+    """What is saved with every launch: config, command, versions, Horovod settings, revision."""
+    return {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "argv": argv,
+        "size": size,
+        "controller": comm.controller(),
+        "versions": versions(),
+        "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        "git_revision": _git_revision(),
+        "config": config_lib.to_dict(config),
+    }
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def record_launch(run_dir: Path, config: Any, argv: list[str], size: int, **fields: Any) -> None:
+    """Rank 0, at the start of a launch: run.json if the run is new, one launches.jsonl line
+    (argv, size, and `fields`), and the config in force as config.yaml."""
+    if not (run_dir / "run.json").exists():
+        atomic_write(run_dir / "run.json", json.dumps(run_record(config, argv, size), indent=1))
+    with (run_dir / "launches.jsonl").open("a") as f:
+        launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv}
+        f.write(json.dumps({**launch, "size": size, **fields}) + "\n")
+    (run_dir / "config.yaml").write_text(config_lib.dump(config))
+
+
+def write_status(run_dir: Path, status: Status, **fields: Any) -> None:
+    """Rank 0's run_dir/status.json: how the last launch ended (`core.outcome.Status`);
+    `hvd-train launch` turns it into its exit code."""
+    record = {"status": str(status), "time": time.time(), "pid": os.getpid(), **fields}
+    atomic_write(run_dir / "status.json", json.dumps(record, indent=1))
+
+
+def history_records(history: dict[str, list[float]]) -> list[dict[str, float]]:
+    """Keras's History (one list per metric) as one record per epoch."""
+    return [
+        dict(zip(history, values, strict=True)) for values in zip(*history.values(), strict=True)
+    ]

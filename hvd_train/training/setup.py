@@ -1,0 +1,130 @@
+"""The set-up both training loops share (`fit` and `elastic`): logging, the process's numerical
+settings, the model, the learning-rate schedule, the distributed compile, and what a run reports.
+
+Every rank runs each of these with the same config; none runs a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from hvd_train import comm
+from hvd_train.core import config as config_lib
+from hvd_train.core.config import Config
+from hvd_train.core.outcome import Status
+
+log = logging.getLogger("hvd_train")
+
+
+@dataclass
+class Result:
+    """What a finished (or stopped) run reports."""
+
+    epochs_done: int
+    history: list[dict[str, float]]
+    final: dict[str, float]
+    best: dict[str, Any] | None
+    seconds: float
+    status: Status = Status.FINISHED  # or PREEMPTED: stopped on a signal, checkpoint written
+    stopped_at: dict[str, Any] | None = None  # epoch (1-based) and step of a preempted run
+
+
+def configure_logging(rank: int) -> None:
+    """Log lines carry their rank, so interleaved output of many ranks stays readable."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def apply_numerics(train: config_lib.TrainConfig) -> None:
+    """Precision policy, seeds and op determinism: before the model and the optimizer exist (both
+    read the policy when they are made)."""
+    import keras
+    import tensorflow as tf
+
+    keras.mixed_precision.set_global_policy(train.precision)
+    keras.utils.set_random_seed(train.seed)
+    if train.deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def make_optimizer(opt_cfg: config_lib.OptimizerConfig, schedule: Any) -> Any:
+    """The configured Keras optimizer (not yet distributed)."""
+    import keras
+
+    if opt_cfg.name == "sgd":
+        return keras.optimizers.SGD(schedule, momentum=opt_cfg.momentum)
+    return keras.optimizers.Adam(schedule)
+
+
+def build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """The configured model (zoo or `model.file`), with SyncBatchNorm where asked.
+
+    Raises:
+      ConfigError: model.params the builder does not take, or a model SyncBatchNorm cannot convert.
+    """
+    import models
+    from hvd_train.keras.layers import convert_sync_batchnorm
+
+    if config.model.file is not None:
+        models.load_file(config.model.file)  # every rank; a no-op after check_train_args
+    try:
+        model = models.build(config.model.name, input_shape, num_classes, **config.model.params)
+    except TypeError as err:  # an unknown or misspelled builder argument
+        raise config_lib.ConfigError(f"model.params: {err}") from None
+    if config.train.sync_batchnorm:
+        try:
+            model = convert_sync_batchnorm(model)
+        except ValueError as err:
+            raise config_lib.ConfigError(f"train.sync_batchnorm: {err}") from None
+    return model
+
+
+def make_schedule(config: Config, global_batch_size: int, updates_per_epoch: float) -> Any:
+    """The learning-rate schedule of the config's batch rule and warmup, for updates of
+    `global_batch_size` samples, `updates_per_epoch` of them per epoch."""
+    from hvd_train.keras.schedules import scaled_warmup_schedule
+
+    opt = config.optimizer
+    return scaled_warmup_schedule(
+        base_lr=opt.base_lr,
+        base_batch_size=opt.base_batch_size,
+        global_batch_size=global_batch_size,
+        updates_per_epoch=updates_per_epoch,
+        warmup_epochs=opt.warmup_epochs,
+        epochs=config.train.epochs,
+        rule=opt.lr_rule,
+        decay=opt.decay,
+        decay_rate=opt.decay_rate,
+        decay_epochs=opt.decay_epochs,
+    )
+
+
+def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
+    """Compile `model` with the configured optimizer inside Horovod's gradient averaging, and
+    build the optimizer's variables now (a checkpoint restore or a broadcast needs them).
+    Returns the distributed optimizer."""
+    import keras
+
+    from hvd_train.keras.optimizer import DistributedOptimizer
+
+    opt_cfg = config.optimizer
+    optimizer = DistributedOptimizer(
+        make_optimizer(opt_cfg, schedule),
+        compression=getattr(comm.Compression, opt_cfg.compression),
+        gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
+        backward_passes_per_step=opt_cfg.backward_passes_per_step,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=config.train.jit_compile,
+    )
+    optimizer.build(model.trainable_variables)
+    return optimizer

@@ -1,0 +1,137 @@
+"""Rank 0's file writers, as Keras callbacks: the checkpoint of every epoch (and the best one),
+metrics.json, and where the config asks for them metrics.csv and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from hvd_train.core import checkpoint
+from hvd_train.core import config as config_lib
+from hvd_train.keras import compat
+
+log = logging.getLogger("hvd_train")
+
+
+class CheckpointWriter(keras.callbacks.Callback):
+    """Rank 0's per-epoch checkpoint (`hvd_train.core.checkpoint`): all model and optimizer
+    variables, the epoch, the optimizer step and the epoch's global metrics; keeps the newest
+    `keep_last` and a copy of the best by `monitor`. Add it on rank 0 only, after
+    `AverageNonTrainable`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        keep_last: int,
+        monitor: str,
+        mode: str,
+        meta: dict[str, Any],
+        best: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.monitor = monitor
+        self.mode = mode
+        self.meta = meta
+        self.best = best
+        self._warned = False
+
+    def _improves(self, value: float) -> bool:
+        if self.best is None:
+            return True
+        return value > self.best["value"] if self.mode == "max" else value < self.best["value"]
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        logs = {k: float(v) for k, v in (logs or {}).items()}
+        value = logs.get(self.monitor)
+        improves = value is not None and self._improves(value)
+        if improves:
+            self.best = {"epoch": epoch, "value": value, "monitor": self.monitor}
+        path = self.write(epoch, 0, logs)
+        if improves:
+            checkpoint.copy_as_best(self.directory, path)
+        elif value is None and not self._warned:
+            self._warned = True
+            log.warning(
+                "checkpoint monitor %r is not among the metrics %s", self.monitor, sorted(logs)
+            )
+
+    def write(self, epoch: int, step_in_epoch: int, logs: dict[str, float] | None = None) -> Path:
+        """Write the model and optimizer now: after `epoch` (0-based), or after `step_in_epoch`
+        steps of it; then prune. Returns the checkpoint's directory."""
+        optimizer = self.model.optimizer
+        path = checkpoint.write(
+            self.directory,
+            epoch,
+            [v.numpy() for v in self.model.variables],
+            [v.numpy() for v in compat.optimizer_variables(optimizer)],
+            {
+                **self.meta,
+                "step": int(optimizer.iterations.numpy()),
+                "metrics": logs or {},
+                "best": self.best,
+                "model_variables": [
+                    [compat.variable_name(v), list(v.shape)] for v in self.model.variables
+                ],
+            },
+            step_in_epoch=step_in_epoch,
+        )
+        checkpoint.prune(self.directory, self.keep_last)
+        return path
+
+
+class JsonMetrics(keras.callbacks.Callback):
+    """Rank 0's metrics.json: one record per epoch (global metrics, learning rate, seconds),
+    rewritten atomically each epoch and continued on resume."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.records: list[dict[str, float]] = []
+        if self.path.is_file():
+            self.records = json.loads(self.path.read_text())
+        self._start = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._start = time.monotonic()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        record = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        record["learning_rate"] = compat.learning_rate(self.model.optimizer)
+        record["seconds"] = round(time.monotonic() - self._start, 3)
+        self.records = [r for r in self.records if r["epoch"] < epoch + 1] + [record]
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.records, indent=1))
+        tmp.replace(self.path)
+
+
+def file_writers(config: Any, run_dir: Path, size: int, steps: int, best: Any) -> list[Any]:
+    """Rank 0's writers: the CheckpointWriter first, then metrics.json, and metrics.csv and
+    TensorBoard where the config asks for them. `best`: the monitored best so far (resume)."""
+    writers = [
+        CheckpointWriter(
+            run_dir / "checkpoints",
+            keep_last=config.checkpoint.keep_last,
+            monitor=config.checkpoint.monitor,
+            mode=config.checkpoint.mode,
+            meta={
+                "config": config_lib.to_dict(config),
+                "size": size,
+                "data_seed": config.data.seed,
+                "steps_per_epoch": steps,
+            },
+            best=best,
+        ),
+        JsonMetrics(run_dir / "metrics.json"),
+    ]
+    if config.logging.csv:
+        writers.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
+    if config.logging.tensorboard:
+        writers.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+    return writers
