@@ -34,11 +34,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import models  # noqa: E402
-from hvd_train import config as config_lib  # noqa: E402
 from hvd_train import data  # noqa: E402
 from hvd_train.callbacks import distributed_callbacks  # noqa: E402
+from hvd_train.core import config as config_lib  # noqa: E402
 from hvd_train.keras.schedules import scaled_warmup_schedule  # noqa: E402
-from hvd_train.training.fit import make_optimizer  # noqa: E402 -- the default job's optimizer
+from hvd_train.training.setup import make_optimizer  # noqa: E402 -- the default job's optimizer
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 

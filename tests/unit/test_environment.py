@@ -1,0 +1,75 @@
+"""The launcher's environment, read in one place (`core.environment`), and one vocabulary for how a
+job ended (`core.outcome`)."""
+
+import pytest
+
+from hvd_train.core import environment, outcome
+from hvd_train.core.environment import LauncherEnvironmentError
+
+
+@pytest.mark.parametrize(
+    ("environ", "controller", "local_size", "rank", "size"),
+    [
+        ({}, None, None, 0, None),
+        (
+            {"HOROVOD_CONTROLLER": "gloo", "HOROVOD_RANK": "1", "HOROVOD_SIZE": "4"}
+            | {"HOROVOD_LOCAL_SIZE": "2"},
+            "gloo",
+            2,
+            1,
+            4,
+        ),
+        (
+            {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"}
+            | {"OMPI_COMM_WORLD_LOCAL_SIZE": "3"},
+            "mpi",
+            3,
+            2,
+            3,
+        ),
+        ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "8", "SLURM_PROCID": "5"}, None, None, 5, 8),
+    ],
+)
+def test_read_tells_what_each_launcher_set(environ, controller, local_size, rank, size):
+    got = environment.read(environ)
+    assert (got.controller, got.local_size, got.rank, got.size) == (
+        controller,
+        local_size,
+        rank,
+        size,
+    )
+
+
+def test_tuning_variables_and_what_the_user_set():
+    got = environment.read(
+        {"HVD_TRAIN_STEP_MS": "250", "HVD_TRAIN_GLOO_CYCLE_COST_MS": "2.5"}
+        | {"HOROVOD_CYCLE_TIME": "20", "OMPI_MCA_mpi_yield_when_idle": "0"}
+    )
+    assert (got.step_ms, got.gloo_cycle_cost_ms) == (250.0, 2.5)
+    assert got.user_set_cycle_time and got.user_set_mpi_yield
+    plain = environment.read({})
+    assert plain.step_ms is None and plain.gloo_cycle_cost_ms is None
+    assert not plain.user_set_cycle_time and not plain.user_set_mpi_yield
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"HVD_TRAIN_STEP_MS": "fast"}, "HVD_TRAIN_STEP_MS must be a positive number of ms"),
+        ({"HVD_TRAIN_GLOO_CYCLE_COST_MS": "-1"}, "HVD_TRAIN_GLOO_CYCLE_COST_MS must be a positive"),
+        ({"HOROVOD_LOCAL_SIZE": "0"}, "HOROVOD_LOCAL_SIZE: expected a positive count, got '0'"),
+        ({"OMPI_COMM_WORLD_RANK": "one"}, "OMPI_COMM_WORLD_RANK='one' is not an integer rank"),
+    ],
+)
+def test_a_bad_variable_is_one_line_naming_it(environ, message):
+    with pytest.raises(LauncherEnvironmentError) as info:
+        environment.read(environ)
+    text = str(info.value).replace("milliseconds", "ms")
+    assert message in text and "\n" not in text
+
+
+def test_every_status_has_one_exit_code():
+    codes = {status.value: outcome.exit_code(status.value) for status in outcome.Status}
+    assert codes == {"finished": 0, "preempted": 75, "stalled": 3, "lost": 3, "diverged": 4}
+    assert outcome.exit_code("exploded") is None
+    assert str(outcome.Status.LOST) == "lost"
