@@ -3,11 +3,18 @@
 A rank that dies or freezes holds every other rank in the step's collective forever: MPI has no
 timeout of its own, and Horovod's stall check runs in the background thread that the collective
 itself blocks. So each rank runs a `Watchdog` thread beside the training loop. Every rank tells
-rank 0 its progress over UDP every `heartbeat_s`; rank 0 answers each with the table of everyone's
-(one datagram). When a rank has finished no step within the stall bound (`StallRule`: derived from
-the step times measured in this run), it names the ranks that did not arrive (`laggards`: those
-silent for 5 heartbeats, else those behind) and ends its process with EXIT_RANK_FAILED; the launcher
-then ends the others (mpirun and horovodrun stop a job when one rank exits non-zero).
+rank 0 its progress over UDP every `heartbeat_s` (a heartbeat, constant size); rank 0 answers
+each with a `Summary` of the job (who is silent or behind, at most `SUMMARY_RANKS` named, so one
+small datagram at any worker count): the traffic grows linearly with the ranks. When a rank has
+finished no step within the stall bound (`StallRule`: derived from the step times measured in
+this run), it names the ranks that did not arrive (silent for 5 heartbeats, else those behind) and
+ends its process with EXIT_RANK_FAILED; the launcher then ends the others (mpirun and horovodrun
+stop a job when one rank exits non-zero).
+
+Rank 0 listens on the address other hosts reach it at (`chief_address`: the user's choice, else
+the interface the launcher says the job uses, else the route to the launcher's host) and makes a
+random token per job; one broadcast gives every rank both (`Contact`). Datagrams without the token
+(another job's watchdog on a reused port, stray traffic) are counted and ignored.
 
 Stop signals (scheduler preemption, SLURM's early warning) only set a flag here (`StopRequest`);
 the ranks agree on the step to stop at through the gradient allreduce
@@ -19,24 +26,30 @@ Plain Python (sockets, threads, signals): no Horovod, no TensorFlow.
 from __future__ import annotations
 
 import contextlib
-import json
+import fcntl
+import ipaddress
 import logging
 import os
+import re
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from hvd_train.core.environment import LauncherEnvironmentError
 from hvd_train.core.outcome import EXIT_DIVERGED, EXIT_RANK_FAILED
 
 log = logging.getLogger("hvd_train")
 
 SILENT_HEARTBEATS = 5  # a rank not heard from for this many heartbeats is named as silent
+SUMMARY_RANKS = 32  # ranks a summary names per list: keeps it one small datagram at any size
+TOKEN_BYTES = 8  # the job's token: tells this job's datagrams from any other's, not a secret
 
 
 class JobFailure(Exception):
@@ -129,56 +142,385 @@ class Peer:
     busy: bool  # doing legitimate long work outside steps (rank 0 writing a checkpoint)
 
 
-def laggards(peers: dict[int, Peer], silence_s: float) -> tuple[list[int], str]:
-    """The ranks that did not arrive, and why: silent ones first, else those behind the others."""
-    silent = sorted(r for r, p in peers.items() if p.age_s > silence_s)
-    if silent:
-        ages = ", ".join(
-            f"rank {r} (no heartbeat for {peers[r].age_s:.1f} s, at step {peers[r].steps})"
-            for r in silent
+@dataclass(frozen=True)
+class Summary:
+    """Rank 0's verdict on the job: who did not arrive, in constant size (at most SUMMARY_RANKS
+    ranks per list, the lowest first). Rank 0 sends it to every rank each heartbeat.
+
+    Attributes:
+      silent: (rank, seconds since its last heartbeat, its steps) of the first silent ranks.
+      silent_count: all silent ranks.
+      behind: when none is silent, the first ranks at the lowest step (if steps differ).
+      behind_count: all ranks at the lowest step (0 when none is silent and all steps agree).
+      lowest, highest: the lowest and highest steps of any rank.
+      busy: a rank is doing long legitimate work outside steps (writing a checkpoint).
+      chief_steps: rank 0's steps.
+    """
+
+    silent: tuple[tuple[int, float, int], ...] = ()
+    silent_count: int = 0
+    behind: tuple[int, ...] = ()
+    behind_count: int = 0
+    lowest: int = 0
+    highest: int = 0
+    busy: bool = False
+    chief_steps: int = 0
+
+    @property
+    def culprits(self) -> list[int]:
+        """The ranks named: the silent ones, else those behind."""
+        return [r for r, _, _ in self.silent] if self.silent_count else list(self.behind)
+
+    @property
+    def truncated(self) -> bool:
+        """More ranks did not arrive than the summary names."""
+        return self.silent_count > len(self.silent) or self.behind_count > len(self.behind)
+
+    def why(self) -> str:
+        """Who did not arrive, as the watchdog's message says it."""
+        if self.silent_count:
+            text = ", ".join(
+                f"rank {r} (no heartbeat for {age:.1f} s, at step {steps})"
+                for r, age, steps in self.silent
+            )
+            more = self.silent_count - len(self.silent)
+            return text + (f" and {more} more silent" if more else "")
+        if self.behind_count:
+            names = ", ".join(f"rank {r}" for r in self.behind)
+            more = self.behind_count - len(self.behind)
+            names += f" and {more} more" if more else ""
+            return f"{names} (alive, at step {self.lowest}; others at up to {self.highest})"
+        return (
+            f"none silent or behind: every rank is alive at step {self.lowest} "
+            "(a rank stuck inside the step, e.g. reading input, or a collective not called on all)"
         )
-        return silent, ages
-    steps = {p.steps for p in peers.values()}
-    if len(steps) > 1:
-        lowest = min(steps)
+
+    def aged(self, seconds: float) -> Summary:
+        """This summary `seconds` after rank 0 made it: the silent ranks have been silent longer."""
+        silent = tuple((r, age + seconds, steps) for r, age, steps in self.silent)
+        return replace(self, silent=silent)
+
+    def with_silent_chief(self, age_s: float) -> Summary:
+        """This summary with rank 0 itself named first as silent (its summaries stopped)."""
+        silent = ((0, age_s, self.chief_steps), *self.silent)[:SUMMARY_RANKS]
+        return replace(
+            self, silent=silent, silent_count=self.silent_count + 1, behind=(), behind_count=0
+        )
+
+    def pack(self, token: bytes) -> bytes:
+        """The datagram rank 0 sends (`unpack` reads it)."""
+        head = _SUMMARY.pack(
+            token,
+            _KIND_SUMMARY,
+            self.chief_steps,
+            self.busy,
+            self.silent_count,
+            len(self.silent),
+            self.behind_count,
+            len(self.behind),
+            self.lowest,
+            self.highest,
+        )
+        silent = b"".join(_SILENT.pack(r, age, steps) for r, age, steps in self.silent)
+        return head + silent + b"".join(_BEHIND.pack(r) for r in self.behind)
+
+    @classmethod
+    def unpack(cls, token: bytes, data: bytes) -> Summary | None:
+        """The summary in `data`, or None if it is not one of this job's (token, kind, length)."""
+        if len(data) < _SUMMARY.size:
+            return None
+        got, kind, chief, busy, n_silent, listed, n_behind, behind, lowest, highest = (
+            _SUMMARY.unpack_from(data)
+        )
+        if got != token or kind != _KIND_SUMMARY:
+            return None
+        if len(data) != _SUMMARY.size + listed * _SILENT.size + behind * _BEHIND.size:
+            return None
+        at = _SUMMARY.size
+        silent = tuple(_SILENT.unpack_from(data, at + i * _SILENT.size) for i in range(listed))
+        at += listed * _SILENT.size
+        ranks = tuple(_BEHIND.unpack_from(data, at + i * _BEHIND.size)[0] for i in range(behind))
+        return cls(silent, n_silent, ranks, n_behind, lowest, highest, bool(busy), chief)
+
+
+def summarize(peers: Mapping[int, Peer], silence_s: float) -> Summary:
+    """Rank 0's verdict: the ranks silent for more than `silence_s` first, else those behind."""
+    silent = sorted(r for r, p in peers.items() if p.age_s > silence_s)
+    steps = [p.steps for p in peers.values()]
+    lowest, highest = min(steps, default=0), max(steps, default=0)
+    behind = []
+    if not silent and lowest != highest:
         behind = sorted(r for r, p in peers.items() if p.steps == lowest)
-        ahead = max(steps)
-        names = ", ".join(f"rank {r}" for r in behind)
-        return behind, f"{names} (alive, at step {lowest}; others at up to {ahead})"
-    return [], (
-        f"none silent or behind: every rank is alive at step {steps.pop() if steps else 0} "
-        "(a rank stuck inside the step, e.g. reading input, or a collective not called on all)"
+    return Summary(
+        silent=tuple((r, peers[r].age_s, peers[r].steps) for r in silent[:SUMMARY_RANKS]),
+        silent_count=len(silent),
+        behind=tuple(behind[:SUMMARY_RANKS]),
+        behind_count=len(behind),
+        lowest=lowest,
+        highest=highest,
+        busy=any(p.busy for p in peers.values()),
+        chief_steps=peers[0].steps if 0 in peers else 0,
     )
+
+
+# --- the wire: heartbeats (rank -> rank 0) and summaries (rank 0 -> rank) -------------------------
+
+# Network byte order, no padding. A heartbeat: token, kind, rank, steps, busy. A summary: token,
+# kind, rank 0's steps, busy, silent count and listed, behind count and listed, lowest and highest
+# step; then the listed silent ranks (rank, age, steps) and the listed ranks behind.
+_KIND_HEARTBEAT, _KIND_SUMMARY = 1, 2
+_HEARTBEAT = struct.Struct(f"!{TOKEN_BYTES}sBIQ?")
+_SUMMARY = struct.Struct(f"!{TOKEN_BYTES}sBQ?IHIHQQ")
+_SILENT = struct.Struct("!IfQ")
+_BEHIND = struct.Struct("!I")
+# The largest datagram: well under the 1472-byte payload of one 1500-byte Ethernet frame.
+MAX_DATAGRAM = _SUMMARY.size + SUMMARY_RANKS * max(_SILENT.size, _BEHIND.size)
+
+
+def pack_heartbeat(token: bytes, rank: int, steps: int, busy: bool) -> bytes:
+    """The datagram a rank sends rank 0 each heartbeat (`unpack_heartbeat` reads it)."""
+    return _HEARTBEAT.pack(token, _KIND_HEARTBEAT, rank, steps, busy)
+
+
+def unpack_heartbeat(token: bytes, data: bytes, size: int) -> tuple[int, int, bool] | None:
+    """(rank, steps, busy) from `data`, or None if it is not a heartbeat of this job's ranks."""
+    if len(data) != _HEARTBEAT.size:
+        return None
+    got, kind, rank, steps, busy = _HEARTBEAT.unpack(data)
+    if got != token or kind != _KIND_HEARTBEAT or not 0 < rank < size:
+        return None
+    return rank, steps, bool(busy)
+
+
+# --- where rank 0's watchdog listens --------------------------------------------------------------
+
+WATCHDOG_HOST = "HVD_TRAIN_WATCHDOG_HOST"  # the address (or host name) other hosts reach rank 0 at
+WATCHDOG_IFACE = "HVD_TRAIN_WATCHDOG_IFACE"  # the interface (or network a.b.c.d/n) to listen on
+# Where launchers say which interfaces the job's traffic uses, in the order trusted.
+IFACE_VARIABLES = (
+    "HOROVOD_GLOO_IFACE",  # horovodrun --gloo: its --network-interfaces, or those it found
+    "OMPI_MCA_btl_tcp_if_include",  # Open MPI (mpirun --mca, or horovodrun over MPI)
+    "OMPI_MCA_oob_tcp_if_include",
+    "NCCL_SOCKET_IFNAME",  # name prefixes, "=name" exact; "^..." only excludes
+)
+# The launcher's host: the route from here to it leaves by the job's interface.
+PEER_VARIABLES = (
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",  # horovodrun's rendezvous server
+    "SLURM_LAUNCH_NODE_IPADDR",  # the node srun ran on
+    "OMPI_MCA_orte_hnp_uri",  # mpirun (Open MPI 4): "jobid;tcp://a.b.c.d[,e.f.g.h]:port;..."
+)
+# A route lookup only (a UDP connect sends nothing): TEST-NET-2 (RFC 5737) is no host's network,
+# so the kernel answers with the default route.
+_DEFAULT_ROUTE_PROBE = "198.51.100.1"
+_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
+# Every rank's heartbeat may arrive at once; the kernel caps these at net.core.[rw]mem_max.
+_CHIEF_BUFFER_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Contact:
+    """Where rank 0's watchdog listens, and the job's token: rank 0 makes it (`open_socket`), and
+    one broadcast tells every rank."""
+
+    host: str
+    port: int
+    token: bytes
+
+
+def chief_address(environ: Mapping[str, str], spans_hosts: bool) -> tuple[str, str]:
+    """The IPv4 address rank 0's watchdog listens on, and how it was chosen.
+
+    In order: HVD_TRAIN_WATCHDOG_HOST; the address of HVD_TRAIN_WATCHDOG_IFACE; 127.0.0.1 when
+    every rank runs on this host; the first interface the launcher names for the job's traffic
+    (`IFACE_VARIABLES`); the source address of the route to the launcher's host
+    (`PEER_VARIABLES`); this host name's address; the default route's source address. Past the
+    user's choice, loopback addresses are passed over; 127.0.0.1 when nothing else is found.
+
+    Args:
+      environ: the process environment (`os.environ`).
+      spans_hosts: ranks run on other hosts than this one.
+
+    Returns:
+      (address, how), e.g. ("10.1.0.7", "interface ib0, from HOROVOD_GLOO_IFACE").
+
+    Raises:
+      LauncherEnvironmentError: HVD_TRAIN_WATCHDOG_HOST does not resolve, or
+        HVD_TRAIN_WATCHDOG_IFACE names no interface (or network) of this host.
+    """
+    if host := environ.get(WATCHDOG_HOST):
+        try:
+            return socket.gethostbyname(host), WATCHDOG_HOST
+        except OSError as err:
+            raise LauncherEnvironmentError(f"{WATCHDOG_HOST}={host!r}: {err}") from None
+    if spec := environ.get(WATCHDOG_IFACE):
+        for name, address in _interface_addresses(spec, prefixes=False):
+            return address, f"interface {name}, from {WATCHDOG_IFACE}"
+        names = ", ".join(name for _, name in socket.if_nameindex())
+        raise LauncherEnvironmentError(
+            f"{WATCHDOG_IFACE}={spec!r} matches no interface with an IPv4 address on this host "
+            f"(it has {names})"
+        )
+    if not spans_hosts:
+        return "127.0.0.1", "every rank runs on this host"
+    for address, how in _launcher_addresses(environ):
+        if not ipaddress.ip_address(address).is_loopback:
+            return address, how
+    return "127.0.0.1", "no other address found"
+
+
+def _launcher_addresses(environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
+    """This host's candidate addresses for `chief_address`, best first, with how each was found."""
+    for variable in IFACE_VARIABLES:
+        spec = environ.get(variable, "")
+        for name, address in _interface_addresses(spec, prefixes=variable == "NCCL_SOCKET_IFNAME"):
+            yield address, f"interface {name}, from {variable}"
+    for variable in PEER_VARIABLES:
+        value = environ.get(variable, "")
+        peers = re.findall(r"tcp://([0-9.,]+):", value) if "://" in value else [value]
+        for peer in (p for group in peers for p in group.split(",") if p):
+            if address := _route_source(peer):
+                yield address, f"the route to {peer}, from {variable}"
+    if named := _host_name_address():
+        yield named[1], f"the host name {named[0]}"
+    if address := _route_source(_DEFAULT_ROUTE_PROBE):
+        yield address, "the default route"
+
+
+def _interface_addresses(spec: str, prefixes: bool) -> Iterator[tuple[str, str]]:
+    """(interface, IPv4 address) for each item of a comma-separated list of interface names or
+    networks (a.b.c.d/n), as Open MPI's if_include; with `prefixes`, names match as NCCL's do."""
+    if spec.startswith("^"):
+        return  # an exclusion names no interface to use
+    interfaces = [(n, a) for _, n in socket.if_nameindex() if (a := _interface_address(n))]
+    for item in (x.strip() for x in spec.split(",")):
+        exact = item.startswith("=")
+        item = item.lstrip("=")
+        if "/" in item:
+            try:
+                network = ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                continue
+            yield from ((n, a) for n, a in interfaces if ipaddress.ip_address(a) in network)
+        elif item:
+            yield from (
+                (n, a)
+                for n, a in interfaces
+                if n == item or (prefixes and not exact and n.startswith(item))
+            )
+
+
+def _host_name_address() -> tuple[str, str] | None:
+    """(this host's name, its address) if the name resolves to an address of this host."""
+    try:
+        name = socket.gethostname()
+        address = socket.gethostbyname(name)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))  # names can resolve to another host's address
+    except OSError:
+        return None
+    return name, address
+
+
+def _interface_address(name: str) -> str | None:
+    """The IPv4 address of interface `name`, or None (no such interface, or no IPv4 address)."""
+    request = struct.pack("256s", name.encode()[:15])  # struct ifreq: the name, then the address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+        except OSError:
+            return None
+    return socket.inet_ntoa(reply[20:24])
+
+
+def _route_source(peer: str) -> str | None:
+    """This host's address on the route to `peer`, or None (no route, or a name that does not
+    resolve). Connecting a UDP socket only asks the routing table: no packet is sent."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((peer, 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address == "0.0.0.0" else address
+
+
+def open_socket(
+    rank: int, spans_hosts: bool, environ: Mapping[str, str] | None = None
+) -> tuple[socket.socket, Contact | None]:
+    """This rank's UDP socket for the watchdog; on rank 0 also the `Contact` to broadcast.
+
+    Rank 0 listens on `chief_address` (logged with how it was chosen; a warning when that is a
+    loopback address in a job that spans hosts) and makes the job's token; the other ranks listen
+    on any address (rank 0 answers where their heartbeats come from).
+
+    Args:
+      rank: this rank.
+      spans_hosts: ranks run on other hosts than rank 0's.
+      environ: the environment to read the address from (None: `os.environ`).
+
+    Returns:
+      (socket, contact); contact is None except on rank 0.
+
+    Raises:
+      LauncherEnvironmentError: from `chief_address`.
+    """
+    if rank != 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("0.0.0.0", 0))
+        return sock, None
+    host, how = chief_address(os.environ if environ is None else environ, spans_hosts)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _CHIEF_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _CHIEF_BUFFER_BYTES)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.bind(("0.0.0.0", 0))  # a named address that is not this host's (NAT): listen on all
+    port = sock.getsockname()[1]
+    if spans_hosts and ipaddress.ip_address(host).is_loopback:
+        log.warning(
+            "watchdog: rank 0 listens on %s:%d (%s), a loopback address, but the job spans "
+            "hosts: other hosts' heartbeats cannot reach it; name the address with %s or the "
+            "interface with %s",
+            host,
+            port,
+            how,
+            WATCHDOG_HOST,
+            WATCHDOG_IFACE,
+        )
+    else:
+        log.info("watchdog: rank 0 listens on %s:%d (%s)", host, port, how)
+    return sock, Contact(host, port, os.urandom(TOKEN_BYTES))
 
 
 # --- the watchdog ---------------------------------------------------------------------------------
 
 
-def open_socket() -> tuple[socket.socket, tuple[str, int]]:
-    """A UDP socket for the watchdog and the address other hosts reach it at.
+@dataclass
+class Traffic:
+    """What one rank's watchdog sent and received (read it from any thread; it only grows)."""
 
-    The host is HVD_TRAIN_WATCHDOG_HOST if set, else this host name's address.
-    """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("0.0.0.0", 0))
-    host = os.environ.get("HVD_TRAIN_WATCHDOG_HOST")
-    if not host:
-        try:
-            host = socket.gethostbyname(socket.gethostname())
-        except OSError:
-            host = "127.0.0.1"
-    return sock, (host, sock.getsockname()[1])
+    beats: int = 0  # heartbeats (on rank 0 counted once its summaries are sent)
+    sent: int = 0  # datagrams
+    sent_bytes: int = 0
+    largest_sent: int = 0  # bytes of the largest datagram
+    send_failures: int = 0  # the first is logged as a warning
+    received: int = 0  # datagrams of this job
+    received_bytes: int = 0
+    ignored: int = 0  # datagrams without this job's token or format; the first is logged
+    receive_failures: int = 0  # the first is logged as a warning
 
 
 class Watchdog:
     """Ends this rank's process, naming the ranks that did not arrive, when the job stalls.
 
-    Feed it from the training loop (`step_done`, `busy`); it runs in a daemon thread.
+    Feed it from the training loop (`step_done`, `busy`); it runs in a daemon thread. Its
+    `traffic` counts what it sent, received and ignored.
 
     Args:
       rank, size: this rank and the worker count.
       sock: from `open_socket` on every rank.
-      chief_address: rank 0's address (from its `open_socket`, broadcast).
+      chief: rank 0's `Contact` (from its `open_socket`, broadcast).
       rule: the stall bound.
       heartbeat_s: the heartbeat period.
       on_stall: called with the message instead of exiting (tests).
@@ -190,7 +532,7 @@ class Watchdog:
         rank: int,
         size: int,
         sock: socket.socket,
-        chief_address: tuple[str, int],
+        chief: Contact,
         rule: StallRule,
         heartbeat_s: float,
         on_stall: Callable[[str], None] | None = None,
@@ -200,9 +542,10 @@ class Watchdog:
         self.rule = rule
         self.heartbeat_s = heartbeat_s
         self.silence_s = SILENT_HEARTBEATS * heartbeat_s
+        self.traffic = Traffic()
         self._sock = sock
-        self._sock.settimeout(heartbeat_s)
-        self._chief = chief_address
+        self._chief = (chief.host, chief.port)
+        self._token = chief.token
         self._on_stall = on_stall
         self._before_exit = before_exit
         self._lock = threading.Lock()
@@ -214,11 +557,11 @@ class Watchdog:
         self._busy = 0
         # Time a rank was last seen busy: the others' idle time counts from the end of it.
         self._busy_seen = 0.0
-        # Rank 0: what each rank last said, and where it speaks from; others: the last table.
+        # Rank 0: what each rank last said, and where it speaks from.
         self._heard: dict[int, tuple[float, int, bool]] = {}
         self._addresses: dict[int, Any] = {}
-        self._table: dict[int, Peer] = {}
-        self._table_time = time.monotonic()
+        # Other ranks: rank 0's last summary and when it came (one tuple: read by other threads).
+        self._last: tuple[Summary, float] = (Summary(), time.monotonic())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hvd_train-watchdog", daemon=True)
         self._thread.start()
@@ -266,43 +609,102 @@ class Watchdog:
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + self.heartbeat_s
-                with contextlib.suppress(OSError):
-                    self._beat()
-            with contextlib.suppress(OSError, ValueError):
-                self._receive(max(0.01, next_beat - time.monotonic()))
+                self._beat()
+            self._receive(max(0.01, next_beat - time.monotonic()))
             self._check()
 
     def _beat(self) -> None:
         with self._lock:
-            mine = (self._steps, self._busy > 0)
+            steps, busy = self._steps, self._busy > 0
+        self._sock.settimeout(self.heartbeat_s)  # a full send buffer waits, up to one heartbeat
         if self.rank != 0:
-            self._sock.sendto(json.dumps([self.rank, *mine]).encode(), self._chief)
+            self._send(pack_heartbeat(self._token, self.rank, steps, busy), self._chief)
+        else:
+            self._heard[0] = (time.monotonic(), steps, busy)
+            summary = summarize(self._peers(), self.silence_s).pack(self._token)
+            for address in list(self._addresses.values()):
+                self._send(summary, address)
+        self.traffic.beats += 1
+
+    def _send(self, data: bytes, address: Any) -> None:
+        traffic = self.traffic
+        try:
+            self._sock.sendto(data, address)
+        except OSError as err:
+            traffic.send_failures += 1
+            if traffic.send_failures == 1:
+                log.warning(
+                    "watchdog on rank %d: sending to %s:%d failed (%s); the watchdog may name "
+                    "live ranks silent; further failures are counted, not logged",
+                    self.rank,
+                    *address,
+                    err,
+                )
             return
-        self._heard[0] = (time.monotonic(), *mine)
-        self._table = self._peers()
-        self._table_time = time.monotonic()
-        table = json.dumps({r: [p.age_s, p.steps, p.busy] for r, p in self._table.items()})
-        for address in self._addresses.values():
-            self._sock.sendto(table.encode(), address)
+        traffic.sent += 1
+        traffic.sent_bytes += len(data)
+        traffic.largest_sent = max(traffic.largest_sent, len(data))
 
     def _receive(self, timeout: float) -> None:
+        """Take one datagram arriving within `timeout`, then those already queued (at most one
+        per rank, so that a flood cannot hold up this rank's own heartbeat)."""
         self._sock.settimeout(timeout)
         try:
-            data, address = self._sock.recvfrom(65536)
+            datagram = self._sock.recvfrom(MAX_DATAGRAM + 1)
         except TimeoutError:
             return
-        message = json.loads(data)
+        except OSError as err:
+            self._receive_failed(err)
+            self._stop.wait(timeout)
+            return
+        self._sock.settimeout(0)
+        for _ in range(self.size):
+            self._take(*datagram)
+            try:
+                datagram = self._sock.recvfrom(MAX_DATAGRAM + 1)
+            except BlockingIOError:
+                return
+            except OSError as err:
+                self._receive_failed(err)
+                return
+
+    def _receive_failed(self, err: OSError) -> None:
+        self.traffic.receive_failures += 1
+        if self.traffic.receive_failures == 1:
+            log.warning(
+                "watchdog on rank %d: receiving failed (%s); further failures are counted, not "
+                "logged",
+                self.rank,
+                err,
+            )
+
+    def _take(self, data: bytes, address: Any) -> None:
+        now = time.monotonic()
+        if self.rank == 0:
+            message: Any = unpack_heartbeat(self._token, data, self.size)
+        else:
+            message = Summary.unpack(self._token, data)
+        if message is None:
+            self.traffic.ignored += 1
+            if self.traffic.ignored == 1:
+                log.warning(
+                    "watchdog on rank %d: ignoring datagrams that are not this job's (the first "
+                    "from %s:%d); further ones are counted, not logged",
+                    self.rank,
+                    *address,
+                )
+            return
+        self.traffic.received += 1
+        self.traffic.received_bytes += len(data)
         if self.rank == 0:
             rank, steps, busy = message
-            self._heard[int(rank)] = (time.monotonic(), int(steps), bool(busy))
-            self._addresses[int(rank)] = address
-            busy = bool(busy)
+            self._heard[rank] = (now, steps, busy)
+            self._addresses[rank] = address
         else:
-            self._table = {int(r): Peer(*v) for r, v in message.items()}
-            self._table_time = time.monotonic()
-            busy = any(p.busy for p in self._table.values())
+            self._last = (message, now)
+            busy = message.busy
         if busy:
-            self._busy_seen = time.monotonic()
+            self._busy_seen = now
 
     def _peers(self) -> dict[int, Peer]:
         """Rank 0's view of every rank (never heard: infinitely silent, step 0)."""
@@ -314,6 +716,17 @@ class Watchdog:
             peers[r] = Peer(age, steps, busy)
         return peers
 
+    def _view(self) -> tuple[Summary, bool]:
+        """What this rank knows of the job now, and whether rank 0 went silent: rank 0 from its
+        own table; the others from rank 0's last summary, naming rank 0 when summaries stopped."""
+        if self.rank == 0:
+            return summarize(self._peers(), self.silence_s), False
+        summary, received = self._last
+        age = time.monotonic() - received
+        if age > self.silence_s:
+            return summary.aged(age).with_silent_chief(age), True
+        return summary.aged(age), False
+
     def _check(self) -> None:
         with self._lock:
             idle = time.monotonic() - max(self._last_progress, self._busy_seen)
@@ -323,27 +736,25 @@ class Watchdog:
         bound = self.rule.bound(recent, started)
         if busy or idle <= bound:
             return
-        peers = self._peers() if self.rank == 0 else dict(self._table)
-        chief_age = time.monotonic() - self._table_time
-        if self.rank != 0 and chief_age > self.silence_s:
-            # Rank 0 is gone or frozen: the lowest rank still in its last table speaks for it.
-            peers[0] = Peer(chief_age, peers.get(0, Peer(0, 0, False)).steps, False)
-        elif any(p.busy for p in peers.values()):
-            return
-        elif self.rank != 0 and idle <= bound + self.silence_s:
-            return  # rank 0 is alive: it reports and aborts first
-        culprits, why = laggards(peers, self.silence_s)
-        speaker = min(r for r in range(self.size) if r not in culprits or r == self.rank)
+        view, chief_silent = self._view()
+        if not chief_silent:
+            if view.busy:
+                return
+            if self.rank != 0 and idle <= bound + self.silence_s:
+                return  # rank 0 is alive: it reports and aborts first
+        culprits = set(view.culprits)
+        # The lowest rank not named speaks (every rank, if the summary could not name them all).
+        speaker = next(r for r in range(self.size) if r == self.rank or r not in culprits)
         message = (
             f"hvd-train: watchdog on rank {self.rank}: no step finished for {idle:.1f} s "
             f"(bound {bound:.1f} s = {self.rule.explain(recent, started)}); "
-            f"did not arrive: {why}; aborting the job (exit {EXIT_RANK_FAILED})"
+            f"did not arrive: {view.why()}; aborting the job (exit {EXIT_RANK_FAILED})"
         )
         if self._on_stall is not None:
             self._on_stall(message)
             self._stop.set()
             return
-        if speaker == self.rank:
+        if speaker == self.rank or view.truncated:
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
         if self._before_exit is not None:
@@ -357,13 +768,8 @@ class Watchdog:
         heard from. With `wait`, gives a rank that just died the time to count as silent."""
         deadline = time.monotonic() + (self.silence_s + self.heartbeat_s if wait else 0)
         while True:
-            peers = self._peers() if self.rank == 0 else dict(self._table)
-            if self.rank != 0 and time.monotonic() - self._table_time > self.silence_s:
-                peers[0] = Peer(time.monotonic() - self._table_time, 0, False)
-            silent = [r for r, p in peers.items() if p.age_s > self.silence_s]
-            if silent or time.monotonic() >= deadline:
+            view, _ = self._view()
+            if view.silent_count or time.monotonic() >= deadline:
                 break
             time.sleep(self.heartbeat_s / 2)
-        if not silent:
-            return None
-        return laggards({r: peers[r] for r in silent}, self.silence_s)[1]
+        return view.why() if view.silent_count else None
