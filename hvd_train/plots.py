@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hvd_train.core import inject
+
 
 def training_curves(metrics_json: Path, png: Path) -> Path:
     """Plot loss and accuracy per epoch (train and validation) and the learning rate, from a run's
@@ -27,6 +29,7 @@ def training_curves(metrics_json: Path, png: Path) -> Path:
     axes[2].plot(epochs, [r["learning_rate"] for r in records], marker="o", ms=3)
     axes[2].set(title="learning rate at epoch end", xlabel="epoch")
     axes[2].grid(alpha=0.3)
+    inject.fail_point("metrics.png", png)
     fig.savefig(png, dpi=110)
     plt.close(fig)
     return Path(png)

@@ -18,6 +18,7 @@ class Status(str, enum.Enum):
     STALLED = "stalled"  # the watchdog saw no step finish within the bound
     LOST = "lost"  # a collective failed because ranks died
     DIVERGED = "diverged"  # the ranks' weights differ (fault.check_weights_every)
+    WRITE_FAILED = "write_failed"  # rank 0 could not write one of the run's files
 
     def __str__(self) -> str:
         return self.value
@@ -27,6 +28,7 @@ EXIT_OK = 0
 EXIT_USAGE = 2  # bad input, or ranks started inconsistently (hvd_train.errors.UserError)
 EXIT_RANK_FAILED = 3  # a rank died or froze (stalled or lost): the job was ended; resume
 EXIT_DIVERGED = 4  # ranks' weights differ
+EXIT_WRITE_FAILED = 74  # rank 0 could not write a file of the run (EX_IOERR): fix, resume
 EXIT_PREEMPTED = 75  # stopped at an agreed step with a checkpoint (EX_TEMPFAIL): resume
 
 EXIT_CODES = {
@@ -35,6 +37,7 @@ EXIT_CODES = {
     Status.STALLED: EXIT_RANK_FAILED,
     Status.LOST: EXIT_RANK_FAILED,
     Status.DIVERGED: EXIT_DIVERGED,
+    Status.WRITE_FAILED: EXIT_WRITE_FAILED,
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from hvd_train import comm
 from hvd_train.core import config as config_lib
+from hvd_train.core import inject
 from hvd_train.core.outcome import Status
 
 
@@ -71,6 +72,7 @@ def record_launch(run_dir: Path, config: Any, argv: list[str], size: int, **fiel
     (argv, size, and `fields`), and the config in force as config.yaml."""
     if not (run_dir / "run.json").exists():
         atomic_write(run_dir / "run.json", json.dumps(run_record(config, argv, size), indent=1))
+    inject.fail_point("run_record", run_dir / "launches.jsonl")
     with (run_dir / "launches.jsonl").open("a") as f:
         launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv}
         f.write(json.dumps({**launch, "size": size, **fields}) + "\n")
@@ -81,6 +83,7 @@ def write_status(run_dir: Path, status: Status, **fields: Any) -> None:
     """Rank 0's run_dir/status.json: how the last launch ended (`core.outcome.Status`);
     `hvd-train launch` turns it into its exit code."""
     record = {"status": str(status), "time": time.time(), "pid": os.getpid(), **fields}
+    inject.fail_point("status.json", run_dir / "status.json")
     atomic_write(run_dir / "status.json", json.dumps(record, indent=1))
 
 

@@ -1,5 +1,9 @@
 """Rank 0's file writers, as Keras callbacks: the checkpoint of every epoch (and the best one),
-metrics.json, and where the config asks for them metrics.csv and TensorBoard."""
+metrics.json, and where the config asks for them metrics.csv and TensorBoard.
+
+They write and run no collective; `hvd_train.training.chief.ChiefWriters` runs them on rank 0 and
+lets every rank learn whether they failed. Each calls `core.inject.fail_point` where it writes, and
+names what it writes in `destination`."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from typing import Any
 
 import keras
 
-from hvd_train.core import checkpoint
+from hvd_train.core import checkpoint, inject
 from hvd_train.core import config as config_lib
 from hvd_train.keras import compat
 
@@ -21,8 +25,7 @@ log = logging.getLogger("hvd_train")
 class CheckpointWriter(keras.callbacks.Callback):
     """Rank 0's per-epoch checkpoint (`hvd_train.core.checkpoint`): all model and optimizer
     variables, the epoch, the optimizer step and the epoch's global metrics; keeps the newest
-    `keep_last` and a copy of the best by `monitor`. Add it on rank 0 only, after
-    `AverageNonTrainable`."""
+    `keep_last` and a copy of the best by `monitor`. Rank 0's, after `AverageNonTrainable`."""
 
     def __init__(
         self,
@@ -35,6 +38,7 @@ class CheckpointWriter(keras.callbacks.Callback):
     ) -> None:
         super().__init__()
         self.directory = Path(directory)
+        self.destination = self.directory
         self.keep_last = keep_last
         self.monitor = monitor
         self.mode = mode
@@ -55,6 +59,7 @@ class CheckpointWriter(keras.callbacks.Callback):
             self.best = {"epoch": epoch, "value": value, "monitor": self.monitor}
         path = self.write(epoch, 0, logs)
         if improves:
+            inject.fail_point("best_checkpoint", self.directory / "best")
             checkpoint.copy_as_best(self.directory, path)
         elif value is None and not self._warned:
             self._warned = True
@@ -66,6 +71,10 @@ class CheckpointWriter(keras.callbacks.Callback):
         """Write the model and optimizer now: after `epoch` (0-based), or after `step_in_epoch`
         steps of it; then prune. Returns the checkpoint's directory."""
         optimizer = self.model.optimizer
+        inject.fail_point(
+            "step_checkpoint" if step_in_epoch else "checkpoint",
+            self.directory / checkpoint.epoch_dir_name(epoch, step_in_epoch),
+        )
         path = checkpoint.write(
             self.directory,
             epoch,
@@ -92,7 +101,7 @@ class JsonMetrics(keras.callbacks.Callback):
 
     def __init__(self, path: Path) -> None:
         super().__init__()
-        self.path = Path(path)
+        self.path = self.destination = Path(path)
         self.records: list[dict[str, float]] = []
         if self.path.is_file():
             self.records = json.loads(self.path.read_text())
@@ -107,8 +116,45 @@ class JsonMetrics(keras.callbacks.Callback):
         record["seconds"] = round(time.monotonic() - self._start, 3)
         self.records = [r for r in self.records if r["epoch"] < epoch + 1] + [record]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
+        inject.fail_point("metrics.json", self.path)
         tmp.write_text(json.dumps(self.records, indent=1))
         tmp.replace(self.path)
+
+
+class CsvMetrics(keras.callbacks.CSVLogger):
+    """Keras's CSVLogger, appending to `path` (one row per epoch)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), append=True)
+        self.destination = Path(path)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        inject.fail_point("metrics.csv", self.destination)
+        super().on_epoch_end(epoch, logs)
+
+
+class TensorBoardLogs(keras.callbacks.TensorBoard):
+    """Keras's TensorBoard callback, writing under `log_dir`: the train graph at the first step
+    of each fit(), the summaries at each epoch's end."""
+
+    def __init__(self, log_dir: Path) -> None:
+        super().__init__(str(log_dir))
+        self.destination = Path(log_dir)
+        self._first_step = True
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._first_step = True
+        super().on_train_begin(logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if self._first_step:
+            self._first_step = False
+            inject.fail_point("tensorboard", self.destination / "train")
+        super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        inject.fail_point("tensorboard", self.destination)
+        super().on_epoch_end(epoch, logs)
 
 
 def file_writers(config: Any, run_dir: Path, size: int, steps: int, best: Any) -> list[Any]:
@@ -131,7 +177,7 @@ def file_writers(config: Any, run_dir: Path, size: int, steps: int, best: Any) -
         JsonMetrics(run_dir / "metrics.json"),
     ]
     if config.logging.csv:
-        writers.append(keras.callbacks.CSVLogger(str(run_dir / "metrics.csv"), append=True))
+        writers.append(CsvMetrics(run_dir / "metrics.csv"))
     if config.logging.tensorboard:
-        writers.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard")))
+        writers.append(TensorBoardLogs(run_dir / "tensorboard"))
     return writers

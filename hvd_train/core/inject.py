@@ -1,0 +1,98 @@
+"""One point of fault injection for rank 0's files: `HVD_TRAIN_FAIL_IN=SECTION[:N]`.
+
+Each write of rank 0's files calls `fail_point(section, path)` just before it touches the disk;
+when the variable names that section, its N-th call (default: the first) raises `InjectedWrite`,
+an OSError (EIO) naming the path, as a full disk or a lost file server would. The variable is
+read once per process. Used by the tests of `hvd_train.training.chief` and by users checking
+that a job on their cluster ends cleanly, on every rank, when rank 0 cannot write.
+
+Standard library only: this is the framework-free core.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvd_train.errors import ConfigError
+
+log = logging.getLogger("hvd_train")
+
+ENV = "HVD_TRAIN_FAIL_IN"
+# The sections of rank 0's work between collectives, in the order a run meets them.
+SECTIONS = (
+    "run_record",  # run.json, launches.jsonl, config.yaml at the start of a launch
+    "tensorboard",  # logging.tensorboard: the train graph at the first step, each epoch's end
+    "step_checkpoint",  # checkpoints/epoch-NNNN-step-SSSSSS (checkpoint.every_steps, a stop)
+    "checkpoint",  # checkpoints/epoch-NNNN at an epoch's end
+    "best_checkpoint",  # checkpoints/best
+    "metrics.json",
+    "metrics.csv",  # logging.csv
+    "metrics.png",  # at the end of the launch
+    "status.json",  # at the end of the launch
+)
+
+
+class InjectedWrite(OSError):
+    """The write failure `HVD_TRAIN_FAIL_IN` asked for."""
+
+
+@dataclass
+class Plan:
+    """Fail the `nth` write (1-based) of `section`; `seen` counts the writes so far."""
+
+    section: str
+    nth: int = 1
+    seen: int = 0
+
+
+def parse(value: str | None) -> Plan | None:
+    """`SECTION` or `SECTION:N` as a Plan; None for an unset or empty value.
+
+    Raises:
+      ConfigError: an unknown section or an N that is not a positive integer.
+    """
+    if not value:
+        return None
+    section, _, nth = value.partition(":")
+    if section not in SECTIONS:
+        raise ConfigError(f"{ENV}: unknown section {section!r}; one of: {', '.join(SECTIONS)}")
+    if not nth:
+        return Plan(section)
+    if not nth.isdigit() or int(nth) < 1:
+        raise ConfigError(f"{ENV}: N in {value!r} must be a positive integer")
+    return Plan(section, int(nth))
+
+
+@functools.cache
+def plan() -> Plan | None:
+    """This process's plan, from the environment (read once).
+
+    Raises:
+      ConfigError: see `parse`.
+    """
+    return parse(os.environ.get(ENV))
+
+
+def fail_point(section: str, path: Path | str) -> None:
+    """Where rank 0 is about to write `path` for `section`: raise the injected failure if this is
+    the write `HVD_TRAIN_FAIL_IN` names.
+
+    Raises:
+      InjectedWrite: an OSError (EIO) whose filename is `path`.
+    """
+    wanted = plan()
+    if wanted is None or wanted.section != section:
+        return
+    wanted.seen += 1
+    if wanted.seen != wanted.nth:
+        return
+    setting = f"{ENV}={os.environ.get(ENV)}"
+    # The time lets a test measure how long the job takes to end after the failure.
+    log.warning("%s: failing the write of %s (unix time %.3f)", setting, path, time.time())
+    raise InjectedWrite(errno.EIO, f"{os.strerror(errno.EIO)} (injected: {setting})", str(path))
