@@ -38,6 +38,7 @@ from hvd_train.keras.compat import (
     variable_name,
 )
 from hvd_train.keras.layers import SyncBatchNormalization, convert_sync_batchnorm
+from hvd_train.keras.metrics import reduce_metrics_over_ranks
 from hvd_train.keras.optimizer import (
     DistributedOptimizer,
     allreduce_count,
@@ -45,11 +46,7 @@ from hvd_train.keras.optimizer import (
     is_distributed,
     traces_collectives,
 )
-from hvd_train.keras.state import (
-    average_non_trainable,
-    broadcast_model_state,
-    reduce_metrics_over_ranks,
-)
+from hvd_train.keras.state import average_non_trainable, broadcast_model_state
 from hvd_train.keras.stop import request_stop, stop_agreed
 
 warnings.warn(

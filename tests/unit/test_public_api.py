@@ -23,6 +23,7 @@ DOCUMENTED = [
     "DistributedOptimizer",
     "BroadcastInitialState",
     "distributed_callbacks",
+    "evaluate",
     "SyncBatchNormalization",
     "StopRequest",
     "StopAtAgreedStep",
