@@ -21,6 +21,7 @@ PER_RANK = 8
 STEPS = 3
 LR = 0.5
 TOL = 1e-6
+FP16_TOL = 5e-3  # fp16 keeps ~3 decimal digits of each averaged gradient
 
 
 def fit(model, optimizer, x, y, batch, steps, distributed):
@@ -87,6 +88,7 @@ def test_n_ranks_equal_one_process_with_global_batch(case):
         assert max_abs_diff(local, expected) > 100 * TOL
 
 
+@pytest.mark.skipif(comm.size() == 1, reason="one rank: Sum and Average are the same reduction")
 def test_sum_op_equals_size_times_the_learning_rate():
     ids = rank_blocks(STEPS)
     model = fit(
@@ -98,10 +100,18 @@ def test_sum_op_equals_size_times_the_learning_rate():
         STEPS,
         True,
     )
+    got = weights(model)
     expected = weights(reference(keras.optimizers.SGD(LR / 4 * comm.size()), STEPS))
-    assert max_abs_diff(weights(model), expected) < TOL
+    averaged = weights(reference(keras.optimizers.SGD(LR / 4), STEPS))
+
+    assert max_abs_diff(got, expected) < TOL
+    assert max_abs_diff(got, averaged) > 100 * TOL  # negative control: it did not average
 
 
+@pytest.mark.skipif(
+    comm.size() == 1,
+    reason="one rank: the gradient allreduce returns early, so fp16 compression never runs",
+)
 def test_fp16_compression_stays_close():
     ids = rank_blocks(STEPS)
     model = fit(
@@ -117,10 +127,25 @@ def test_fp16_compression_stays_close():
     )
     got = weights(model)
     spread = spread_over_ranks(got)
+    # Negative control: the same compression with the average missing (the sum, N times it).
+    summed = fit(
+        mlp(rank_seed()),
+        hvd_train.DistributedOptimizer(
+            keras.optimizers.SGD(LR), op=hvd_train.Sum, compression=hvd_train.Compression.fp16
+        ),
+        DIGITS_X[ids],
+        DIGITS_Y[ids],
+        PER_RANK,
+        STEPS,
+        True,
+    )
     expected = weights(reference(keras.optimizers.SGD(LR), STEPS))
+
     assert spread == 0.0
-    # fp16 keeps ~3 decimal digits of each averaged gradient.
-    assert max_abs_diff(got, expected) < 5e-3
+    assert max_abs_diff(got, expected) < FP16_TOL
+    # fp16 rounding shows (an uncompressed allreduce stays within TOL): the compression ran.
+    assert max_abs_diff(got, expected) > TOL
+    assert max_abs_diff(weights(summed), expected) > FP16_TOL
 
 
 @pytest.mark.parametrize("passes", [2, 3])

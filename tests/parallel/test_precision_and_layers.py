@@ -62,21 +62,31 @@ def test_sync_batchnorm_trains_like_one_process_with_the_global_batch():
         assert max_abs_diff(weights(plain), expected) > 1e-3
 
 
+def local_only(model, x, y, lr):
+    """A negative control: STEPS updates on this rank's blocks of (x, y), nothing averaged."""
+    ids = rank_blocks(STEPS)
+    return fit(model, keras.optimizers.SGD(lr), x[ids], y[ids], PER_RANK, STEPS, False)
+
+
 @pytest.mark.parametrize(("policy", "tolerance"), [("mixed_float16", 2e-3)])
 def test_mixed_precision_trains_like_one_process_with_the_global_batch(policy, tolerance):
     keras.mixed_precision.set_global_policy(policy)
     try:
         model = distributed(mlp(rank_seed()), DIGITS_X, DIGITS_Y, 0.5)
         reference = one_process(mlp(0), DIGITS_X, DIGITS_Y, 0.5)
+        local = local_only(mlp(0), DIGITS_X, DIGITS_Y, 0.5)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     got, expected = weights(model), weights(reference)
     spread = spread_over_ranks(got)
 
     assert spread == 0.0
+    assert {layer.compute_dtype for layer in model.layers[1:]} == {"float16"}
     # float16 activations and gradients keep ~3 significant digits; the weights stay float32.
     assert max_abs_diff(got, expected) < tolerance
     assert max_abs_diff(got, weights(mlp(0))) > 10 * tolerance  # and they did move
+    if comm.size() > 1:  # the rank's own gradients, not averaged, fail the same tolerance
+        assert max_abs_diff(weights(local), expected) > tolerance
 
 
 def embedding_model(seed):
@@ -89,7 +99,21 @@ def embedding_model(seed):
 
 def test_sparse_embedding_gradients_are_averaged():
     tokens = (DIGITS_X[:, :6] * 16).astype("int32") + DIGITS_Y[:, None]  # ids in [0, 26)
+    # The gradient fit's train step takes of this model: the embedding's is sparse.
+    probe = embedding_model(0)
+    with tf.GradientTape() as tape:
+        loss = LOSS(DIGITS_Y[:PER_RANK], probe(tokens[:PER_RANK]))
+    gradients = tape.gradient(loss, probe.trainable_variables)
     model = distributed(embedding_model(rank_seed()), tokens, DIGITS_Y, 1.0)
-    reference = one_process(embedding_model(0), tokens, DIGITS_Y, 1.0)
-    assert max_abs_diff(weights(model), weights(reference)) < 1e-6
-    assert max_abs_diff(weights(reference), weights(embedding_model(0))) > 1e-2
+    got = weights(model)
+    spread = spread_over_ranks(got)
+    expected = weights(one_process(embedding_model(0), tokens, DIGITS_Y, 1.0))
+    local = weights(local_only(embedding_model(0), tokens, DIGITS_Y, 1.0))
+
+    # Embedding table, then the dense kernel and bias.
+    assert [isinstance(g, tf.IndexedSlices) for g in gradients] == [True, False, False]
+    assert spread == 0.0
+    assert max_abs_diff(got, expected) < 1e-6
+    assert max_abs_diff(expected, weights(embedding_model(0))) > 1e-2
+    if comm.size() > 1:  # negative control: the rank's own sparse gradients, not averaged
+        assert max_abs_diff(local, expected) > 1e-2

@@ -4,7 +4,16 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from util import DIGITS_X, DIGITS_Y, LOSS, mlp, rank_seed, spread_over_ranks, weights
+from util import (
+    DIGITS_X,
+    DIGITS_Y,
+    LOSS,
+    max_abs_diff,
+    mlp,
+    rank_seed,
+    spread_over_ranks,
+    weights,
+)
 
 import hvd_train
 from hvd_train import comm, data
@@ -153,8 +162,11 @@ def test_an_optimizer_that_is_not_distributed_is_refused():
     model = mlp(rank_seed())
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
     data_set = tf.data.Dataset.from_tensor_slices((DIGITS_X[:8], DIGITS_Y[:8])).batch(8)
-    if comm.size() == 1:
-        fit(model, data_set, 1)  # nothing to average with one worker
+    if comm.size() == 1:  # nothing to average with one worker: it trains
+        initial = weights(model)
+        fit(model, data_set, 1)
+        assert int(model.optimizer.iterations.numpy()) == 1
+        assert max_abs_diff(weights(model), initial) > 1e-3
     else:
         with pytest.raises(ValueError, match="is not distributed"):
             fit(model, data_set, 1)
@@ -169,10 +181,18 @@ def test_jit_compile_is_kept_off_the_distributed_train_step_and_on_evaluation():
     )
     data_set = tf.data.Dataset.from_tensor_slices((DIGITS_X[:16], DIGITS_Y[:16])).batch(8)
     fit(model, data_set, 2)  # with XLA on, tracing Horovod's op would fail: it has no XLA kernel
-    spread = spread_over_ranks(weights(model))
+    got = weights(model)
+    spread = spread_over_ranks(got)
     model.evaluate(data_set, verbose=0)  # compiled with XLA: no collective in it
+    # Every rank trained on the same 16 samples: the average of equal gradients is each one.
+    reference = mlp(0)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=LOSS)
+    reference.fit(data_set, epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)
+
     assert model.jit_compile is True
     assert spread == 0.0
+    assert max_abs_diff(got, weights(reference)) < 1e-6
+    assert max_abs_diff(got, weights(mlp(0))) > 1e-3
 
 
 @pytest.mark.parametrize("num_samples", [1797, 96])

@@ -1,0 +1,134 @@
+"""The verdict on one launch of tests/parallel, from the report each rank leaves (rank<r>.json).
+
+A launch passes only if every rank collected the same node IDs in the same order, none failed,
+and each test passed or skipped where EXPECTED_SKIPS says it does: per rank, passed + expected
+skips == collected. Strict both ways: a skip the table does not list, or lists for other launches,
+fails the launch, and so does a listed test that ran where it is expected to skip (a stale entry).
+
+Adding an entry: a test in tests/parallel that skips somewhere (with `pytest.skip` or `skipif`,
+saying why) gets one line in EXPECTED_SKIPS, its node ID as pytest prints it (the failure message
+names it) mapped to the condition under which it skips: ONE_RANK, CLASSIC, MODERN, or a new
+`Condition`. The parallel suite (test_parallel_suite.py) and the classic stack's (test_classic.py)
+both check against this one table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where a launch of tests/parallel ran."""
+
+    size: int
+    controller: str  # "mpi" (mpirun) or "gloo" (horovodrun)
+    stack: str  # "modern" (Keras 3) or "classic" (Keras 2), as hvd_train.keras.compat.NAME
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Where a test is expected to skip: the launches for which `holds` is true."""
+
+    text: str
+    holds: Callable[[Launch], bool]
+
+
+ONE_RANK = Condition("np == 1", lambda launch: launch.size == 1)
+CLASSIC = Condition("the classic stack", lambda launch: launch.stack == "classic")
+MODERN = Condition("the modern stack", lambda launch: launch.stack == "modern")
+
+EXPECTED_SKIPS: dict[str, Condition] = {
+    # One rank: no smaller process set; Sum is Average; the gradient allreduce (and with it fp16
+    # compression) returns early.
+    "tests/parallel/test_collectives.py::"
+    "test_a_process_set_of_the_first_ranks_reduces_among_them_only": ONE_RANK,
+    "tests/parallel/test_equivalence.py::test_sum_op_equals_size_times_the_learning_rate": ONE_RANK,
+    "tests/parallel/test_equivalence.py::test_fp16_compression_stays_close": ONE_RANK,
+    # Stack-specific rules around loss scaling.
+    "tests/parallel/test_training_rules.py::"
+    "test_loss_scaling_wrapped_around_the_distributed_optimizer_is_refused": CLASSIC,
+    "tests/parallel/test_training_rules.py::"
+    "test_classic_refuses_accumulation_under_mixed_float16": MODERN,
+}
+
+
+def read(directory: Path) -> list[dict]:
+    """The rank reports a launch left in `directory`, in rank order."""
+    paths = sorted(directory.glob("rank*.json"), key=lambda p: int(p.stem.removeprefix("rank")))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def problems(
+    reports: Sequence[Mapping],
+    launch: Launch,
+    expected_skips: Mapping[str, Condition] = EXPECTED_SKIPS,
+) -> list[str]:
+    """Everything wrong with a launch's rank reports, one line each (empty: it passed)."""
+    ranks = [report["rank"] for report in reports]
+    if ranks != list(range(launch.size)):
+        return [f"reports from ranks {ranks}, expected one from each of ranks 0..{launch.size - 1}"]
+    found: dict[str, list[int]] = {}  # a problem -> the ranks that have it
+
+    def add(rank: int, problem: str) -> None:
+        found.setdefault(problem, []).append(rank)
+
+    collected = reports[0]["collected"]
+    if not collected:
+        add(0, "collected no tests")
+    for report in reports:
+        rank = report["rank"]
+        wanted = {"size": launch.size, "controller": launch.controller, "stack": launch.stack}
+        for key, want in [*wanted.items(), ("exitstatus", 0)]:
+            if report[key] != want:
+                add(rank, f"{key} is {report[key]!r}, expected {want!r}")
+        if report["collected"] != collected:
+            ids, first = set(report["collected"]), set(collected)
+            add(
+                rank,
+                f"collected other tests than rank 0: only here {sorted(ids - first)}, only on "
+                f"rank 0 {sorted(first - ids)}" + ("" if ids != first else " (another order)"),
+            )
+        for test in report["collected"]:
+            problem = _problem(test, report["outcomes"].get(test), launch, expected_skips)
+            if problem:
+                add(rank, problem)
+    stale = sorted(set(expected_skips) - set(collected))
+    if stale:
+        add(0, f"EXPECTED_SKIPS lists tests that were not collected: {stale}")
+    return [f"{problem} [rank(s) {', '.join(map(str, r))}]" for problem, r in found.items()]
+
+
+def _problem(test: str, outcome: dict | None, launch: Launch, expected: Mapping) -> str | None:
+    condition = expected.get(test)
+    skips_here = condition is not None and condition.holds(launch)
+    if outcome is None:
+        return f"{test}: collected but never reported"
+    if outcome["outcome"] == "passed":
+        if skips_here:
+            return f"{test}: passed, but EXPECTED_SKIPS says it skips on {condition.text}"
+        return None
+    if outcome["outcome"] != "skipped":
+        return f"{test}: {outcome['outcome']} ({outcome.get('when') or outcome.get('reason')})"
+    if condition is None:
+        return (
+            f"{test}: skipped ({outcome['reason']}), which EXPECTED_SKIPS does not list: add it "
+            "with the condition it skips under if that is intended"
+        )
+    if not skips_here:
+        return (
+            f"{test}: skipped ({outcome['reason']}), but expected to skip on {condition.text} only"
+        )
+    return None
+
+
+def summary(reports: Sequence[Mapping]) -> str:
+    """Rank 0's counts, e.g. "35 collected, 32 passed, 3 skipped" (equal on every rank once
+    `problems` found none)."""
+    outcomes = [o["outcome"] for o in reports[0]["outcomes"].values()]
+    collected = len(reports[0]["collected"])
+    passed, skipped = outcomes.count("passed"), outcomes.count("skipped")
+    return f"{collected} collected, {passed} passed, {skipped} skipped"
