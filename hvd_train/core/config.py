@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import os
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hvd_train.core import scaling, typed_yaml
 from hvd_train.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("digits", "synthetic", "npz", "mnist", "cifar10", "tfrecord", "image_dir")
 FILE_SOURCES = ("npz", "tfrecord", "image_dir")  # the sources that need data.path
@@ -267,23 +271,35 @@ class Config:
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
 
 
-def load(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> Config:
+# The top-level keys that hold a section (a dataclass), in declaration order.
+SECTIONS = tuple(
+    name for name, hint in typing.get_type_hints(Config).items() if dataclasses.is_dataclass(hint)
+)
+
+
+def load(
+    path: str | os.PathLike[str] | None, overrides: Sequence[str] = (), *, log_notes: bool = True
+) -> Config:
     """Read a config: defaults, then the YAML file, then the overrides; then validate it.
 
     Args:
-      path: a YAML file of sections (`train: {epochs: 3}`); None for the defaults alone. An empty
-        file, or an empty section, leaves the defaults.
+      path: a YAML file of sections (`train: {epochs: 3}`); None for the defaults alone. A section
+        set to null (`optimizer:` with nothing under it) keeps that section's defaults.
       overrides: "dotted.key=value" strings, applied in order; the value is parsed as YAML
         (`3`, `0.1`, `true`, `null`, `[1, 2]`, `{a: 1}`; anything else stays a string).
+      log_notes: log one WARNING line (logger `hvd_train.core.config`) for each section the file
+        sets to null and no override fills, once the config is valid. False where another
+        process reads the same file and says it (a launch host and its ranks all load it).
 
     Returns:
       The validated Config.
 
     Raises:
-      ConfigError: an unreadable file, invalid YAML, an unknown key, a wrong type or an invalid
-        value.
+      ConfigError: an unreadable or empty file, invalid YAML, a top level that is not a mapping,
+        an unknown key, a wrong type or an invalid value.
     """
     raw = typed_yaml.read_file(path) if path is not None else {}
+    null_sections = [key for key, value in raw.items() if value is None and key in SECTIONS]
     _clear_other_batch_size(raw, raw.get("train"))
     given: dict[str, Any] = {}
     for text in overrides:
@@ -296,6 +312,11 @@ def load(path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> 
     _clear_other_batch_size(raw, given)
     config = typed_yaml.build(Config, raw, "")
     validate(config)
+    if log_notes:
+        # Legal, but often a slip (every key under it deleted or commented out): say so.
+        for key in null_sections:
+            if raw[key] is None:  # still null: no override set a key inside it
+                log.warning("config %s: section %r is empty (null): using its defaults", path, key)
     return config
 
 

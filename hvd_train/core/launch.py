@@ -1,9 +1,11 @@
 """Launch commands as data, and the supervision of the launcher that runs them.
 
-The argv builders for mpirun, horovodrun and srun are pure functions, unit-tested to the exact
-list. `execute` shows the command (`shlex.join`) and replaces this process with it; `supervise`
-runs it as a child (no shell), passes stop signals on and returns its exit code; `main` is
-`python -m hvd_train.core.launch`.
+The argv builders for mpirun, horovodrun and srun, and `launch_env` (the environment the launcher
+runs in), are pure functions, unit-tested to the exact list. `execute` shows the command
+(`shlex.join`) and replaces this process with it; `supervise` runs it as a child (no shell),
+passes stop signals on, shows its output through `LaunchOutput` (TensorFlow's start-up noise
+dropped, the launcher's failure report dropped after a rank's error line) and returns its exit
+code; `main` is `python -m hvd_train.core.launch`.
 """
 
 from __future__ import annotations
@@ -16,13 +18,28 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from hvd_train.core import processes
 
 # Environment a rank needs from the launching shell; mpirun does not forward it by itself.
 FORWARD_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 FORWARD_PREFIXES = ("HOROVOD_", "HVD_TRAIN_", "TF_", "OMP_", "KERAS_", "CUDA_", "NCCL_")
+
+
+# Set for every rank unless the user set it: TensorFlow's C++ INFO and WARNING lines at start-up
+# (cpu_feature_guard and the like) drown the first line that matters; its errors still show.
+RANK_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def launch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment to run a launcher in: `environ`, plus `RANK_ENV_DEFAULTS` where unset.
+
+    Every launcher passes it on to the ranks (mpirun with -x: `forwarded_env_names` names it).
+    """
+    return {**RANK_ENV_DEFAULTS, **environ}
 
 
 def forwarded_env_names(environ: Mapping[str, str]) -> list[str]:
@@ -233,7 +250,8 @@ def build(
     gpus_per_task: int | None = None,
     mpi: str | None = None,
 ) -> list[str]:
-    """The argv for `launcher` on this machine (version, user and core count read here).
+    """The argv for `launcher` on this machine (version, user and core count read here), to run
+    in `launch_env(os.environ)`.
 
     `nodes`, `cpus_per_task`, `gpus_per_task` and `mpi` are srun's (see `srun_argv`); srun reads
     nothing from this machine, so its command can be printed where SLURM is not installed.
@@ -257,7 +275,7 @@ def build(
             np,
             command,
             hosts=hosts,
-            env_names=forwarded_env_names(os.environ),
+            env_names=forwarded_env_names(launch_env(os.environ)),
             as_root=os.geteuid() == 0,
             oversubscribe=hosts is None and np > (os.cpu_count() or 1),
             ompi_major=ompi_major_version(),
@@ -315,7 +333,7 @@ def execute(parser: argparse.ArgumentParser, args: argparse.Namespace, command: 
     if shutil.which(full[0]) is None:
         print(f"launch: {full[0]} not found on PATH", file=sys.stderr)
         return 2
-    os.execvp(full[0], full)
+    os.execvpe(full[0], full, launch_env(os.environ))
 
 
 def _built(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> list:
@@ -354,23 +372,222 @@ def forwarded_signal(launcher: str, signum: int) -> int:
     return signum
 
 
-def supervise(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
-    """Like `execute`, but run the launcher as a child, pass stop signals on to it, and return its
-    exit code (128 + the signal's number if a signal ended it)."""
+# --- what a supervised launch shows ---------------------------------------------------------------
+# The tables are whole lines (Python regular expressions, fullmatch), as the launchers print them;
+# a rank's line may carry horovodrun's "[0]<stderr>:" or mpirun --tag-output's "[1,0]<stderr>:".
+
+RAW_ENV = "HVD_TRAIN_LAUNCH_RAW"  # "1": show the launcher's output unfiltered
+
+RANK_PREFIX = r"\[\d+(?:,\d+)?\]<(?:stdout|stderr)>:"
+ERROR_LINE = r"hvd-train: error: .*"  # a rank's one-line error (cli._show)
+
+_GLOG_INFO = r"I\d{4} \d\d:\d\d:[\d.]+ +\d+ (?:[\w./-]+/)?"
+
+# TensorFlow's start-up lines, printed by every rank (and horovodrun itself) as TensorFlow loads:
+# absl's note and oneDNN's at any TF_CPP_MIN_LOG_LEVEL (TensorFlow 2.21), cpu_feature_guard's
+# two lines at level 0. Always dropped.
+TF_START_UP_NOISE = (
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR",
+    _GLOG_INFO + r"port\.cc:\d+\] oneDNN custom operations are on\. You may see slightly "
+    r"different numerical results due to floating-point round-off errors from different "
+    r"computation orders\. To turn them off, set the environment variable "
+    r"`TF_ENABLE_ONEDNN_OPTS=0`\.",
+    _GLOG_INFO + r"cpu_feature_guard\.cc:\d+\] This TensorFlow binary is optimized to use "
+    r"available CPU instructions in performance-critical operations\.",
+    r"To enable the following instructions: [\w ]+, in other operations, rebuild TensorFlow "
+    r"with the appropriate compiler flags\.",
+)
+
+# The launchers' report of a job whose rank exited non-zero. It repeats what a rank's error line
+# already said, so it is dropped once a rank printed one in this launch; without one, it is the
+# only account of the failure and is shown. Open MPI's mpirun (and horovodrun's MPI controller,
+# which runs it): two boxes on stderr, each between lines of dashes, known by their first line.
+MPIRUN_BOX_RULE = r"-{20,}"
+MPIRUN_FAILURE_BOXES = (
+    r"Primary job  terminated normally, but \d+ process(?:es)? returned",
+    r"mpirun detected that one or more processes exited with non-zero status, thus causing",
+)
+# horovodrun's Gloo controller: one line per failed process and one as it ends the others (on
+# stdout), the shell it runs a worker in saying "Terminated" as that worker is ended (on stderr),
+# then its RuntimeError's traceback and the message's lines that follow (on stderr).
+HOROVODRUN_FAILURE_LINES = (
+    r"Process \d+ exit with status code -?\d+\.",
+    r"Terminating remaining workers after failure of Process \d+\.",
+    r"\[\d+\]<stderr>:Terminated",
+)
+TRACEBACK_HEAD = r"Traceback \(most recent call last\):"
+HOROVODRUN_FAILURE_ERROR = (
+    r"RuntimeError: Horovod detected that one or more processes exited with non-zero status, "
+    r"thus causing the job to be terminated\. The first process to do so was:",
+    r"Process name: \S+",
+    r"Exit code: -?\d+",
+    r"",
+)
+
+
+def _any(patterns: Sequence[str]) -> re.Pattern:
+    return re.compile("|".join(f"(?:{pattern})" for pattern in patterns))
+
+
+_PREFIX = re.compile(RANK_PREFIX)
+_NOISE = _any(TF_START_UP_NOISE)
+_ERROR = re.compile(ERROR_LINE)
+_RULE = re.compile(MPIRUN_BOX_RULE)
+_BOX_HEAD = _any(MPIRUN_FAILURE_BOXES)
+_FAILURE_LINE = _any(HOROVODRUN_FAILURE_LINES)
+_TRACEBACK_HEAD = re.compile(TRACEBACK_HEAD)
+_FAILURE_ERROR = [re.compile(pattern) for pattern in HOROVODRUN_FAILURE_ERROR]
+
+
+class LaunchOutput:
+    """What `hvd-train launch` shows of its launcher's output: one `stream()` filter per stream.
+
+    TensorFlow's start-up noise (`TF_START_UP_NOISE`) is dropped. The launcher's failure report
+    (mpirun's boxes, horovodrun's lines and traceback) is held back as it comes, and dropped if a
+    rank printed an `hvd-train: error:` line in this launch (on any stream, before or after it);
+    else it is shown once the launcher's output has ended. Every other line is shown as it comes,
+    in order: a line that may open a report (a rule of dashes, an unprefixed "Traceback") waits
+    until a later line tells (the next one; the exception's, for a traceback), or for the end.
+    """
+
+    def __init__(self) -> None:
+        self.error_shown = False  # a rank printed an `hvd-train: error:` line
+        self._lock = threading.Lock()
+        self._streams: list[_LaunchStream] = []
+
+    def stream(self) -> processes.LineFilter:
+        """A filter for one of the launcher's streams."""
+        stream = _LaunchStream(self)
+        self._streams.append(stream)
+        return stream
+
+
+class _LaunchStream(processes.LineFilter):
+    def __init__(self, output: LaunchOutput) -> None:
+        self.output = output
+        self.waiting: list[str] = []  # lines whose kind the next line tells
+        self.state = "line"  # or "rule", "traceback" (waiting), "box", "error" (in a report)
+        self.error_line = 0  # the next line of HOROVODRUN_FAILURE_ERROR
+        self.held: list[str] = []  # the launcher's report, until a rank's error line or the end
+
+    def line(self, text: str) -> str:
+        with self.output._lock:
+            return self._next(text, text.rstrip("\r\n"))
+
+    def end(self) -> str:
+        with self.output._lock:
+            shown = "".join(self.held + self.waiting)
+            self.held, self.waiting = [], []
+            return shown
+
+    def _next(self, text: str, body: str) -> str:
+        if self.state == "box":
+            self._report(text)
+            if _RULE.fullmatch(body):
+                self.state = "line"
+            return ""
+        if self.state == "error":
+            if _FAILURE_ERROR[self.error_line].fullmatch(body):
+                self._report(text)
+                self.error_line += 1
+                if self.error_line == len(_FAILURE_ERROR):
+                    self.state = "line"
+                return ""
+            self.state = "line"
+        elif self.state == "rule":
+            if _BOX_HEAD.fullmatch(body):
+                self.state = "box"
+                self._report(self.waiting.pop(), text)
+                return ""
+            return self._release() + self._next(text, body)
+        elif self.state == "traceback":
+            if body.startswith(" "):
+                self.waiting.append(text)
+                return ""
+            if _FAILURE_ERROR[0].fullmatch(body):
+                self.state, self.error_line = "error", 1
+                self._report(*self.waiting, text)
+                self.waiting = []
+                return ""
+            return self._release() + self._next(text, body)
+        return self._line(text, body)
+
+    def _line(self, text: str, body: str) -> str:
+        prefix = _PREFIX.match(body)
+        content = body[prefix.end() :] if prefix else body
+        if _NOISE.fullmatch(content):
+            return ""
+        if _ERROR.fullmatch(content):
+            self.output.error_shown = True
+            for stream in self.output._streams:
+                stream.held = []
+            return text
+        if _RULE.fullmatch(body):
+            self.state, self.waiting = "rule", [text]
+            return ""
+        if _TRACEBACK_HEAD.fullmatch(body):
+            self.state, self.waiting = "traceback", [text]
+            return ""
+        if _FAILURE_LINE.fullmatch(body):
+            self._report(text)
+            return ""
+        return text
+
+    def _release(self) -> str:
+        """The waiting lines were not a report: shown."""
+        shown = "".join(self.waiting)
+        self.state, self.waiting = "line", []
+        return shown
+
+    def _report(self, *lines: str) -> None:
+        if not self.output.error_shown:
+            self.held.extend(lines)
+
+
+@dataclass(frozen=True)
+class Launched:
+    """How a supervised launch ended.
+
+    Attributes:
+      exit_code: the launcher's (128 + N if signal N ended it).
+      error_shown: a rank printed an `hvd-train: error:` line (always False unfiltered).
+    """
+
+    exit_code: int
+    error_shown: bool
+
+
+def supervise(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]
+) -> Launched:
+    """Like `execute`, but run the launcher as a child, pass stop signals on to it, show its
+    output through `LaunchOutput` (unless HVD_TRAIN_LAUNCH_RAW=1) and say how it ended."""
     full = _built(parser, args, command)
     print(shlex.join(full), flush=True)
     if shutil.which(full[0]) is None:
         print(f"launch: {full[0]} not found on PATH", file=sys.stderr)
-        return 2
+        return Launched(2, False)
+    shown = LaunchOutput()
+    filters = {}
+    if os.environ.get(RAW_ENV) != "1":
+        filters["stderr_filter"] = shown.stream()
+        if args.launcher in ("horovodrun", "horovodrun-gloo"):
+            # horovodrun's Gloo controller prints its failure lines on stdout. It relays its
+            # ranks' stdout itself, cut at each "\n" and "\r" (a progress bar's rewrite), so
+            # filtering it line by line shows a progress bar as live as before. Under the other
+            # launchers stdout is the ranks' own and is left alone.
+            filters["stdout_filter"] = shown.stream()
     # The launcher stays in this process group: a terminal's INT reaches it (and its ranks)
     # directly, so INT is not forwarded a second time.
     finished = processes.run(
         full,
+        launch_env(os.environ),
         capture=None,
         new_session=False,
         forward_signals={s: forwarded_signal(args.launcher, s) for s in FORWARDED_SIGNALS},
+        **filters,
     )
-    return finished.exit_code
+    return Launched(finished.exit_code, shown.error_shown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,9 @@ nothing else does. A child that stays in this process group (`new_session=False`
 `hvd-train launch` keeps its launcher, so that a terminal's INT reaches it directly) is killed
 alone on a timeout and left to end by itself otherwise. Output is read by threads while the job
 runs (no pipe fills up, whatever the number of children), and a timeout counts until the child has
-exited and closed its output. Standard library only: this is the framework-free core.
+exited and closed its output. A stream that is not captured either goes straight to this process's
+own (inherited), or through a `LineFilter`, line by line as it arrives. Standard library only:
+this is the framework-free core.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -30,6 +34,33 @@ Capture = Literal["merged", "separate"] | None
 # After a kill, how long the output of what was killed may take to close (a process that escaped
 # the group can hold it open for ever).
 _DRAIN_AFTER_KILL_S = 10.0
+
+# How long a filtered stream's unfinished line waits for its end before the filter gets it as it
+# is (a prompt, or a progress bar that rewrites its line after a "\r").
+_PARTIAL_LINE_S = 0.2
+
+# A filtered stream's lines end with "\n", "\r" (a progress bar's rewrite) or "\r\n".
+_LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
+
+
+class LineFilter:
+    """What this process shows of a child's output stream, decided line by line.
+
+    `run` calls `line` from the stream's reader thread with each line as it arrives, its ending
+    included ("\n", "\r" or "\r\n"; none for what was left unfinished, after a pause or at the
+    end), and writes what it returns at once; `end` once every filtered stream of the child has
+    ended, for what the filter held back. The text is the child's bytes decoded as UTF-8, with
+    undecodable bytes kept as surrogates (written back unchanged). The filters of one child are
+    called from one thread per stream. This base class shows every line unchanged.
+    """
+
+    def line(self, text: str) -> str:
+        """What to show for one line of the child's output ("": nothing)."""
+        return text
+
+    def end(self) -> str:
+        """What is left to show once the child's output has ended."""
+        return ""
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -98,33 +129,44 @@ class _Child:
         cwd: str | os.PathLike | None,
         capture: Capture,
         new_session: bool,
+        filters: Mapping[str, LineFilter] | None = None,
     ) -> None:
         if capture not in ("merged", "separate", None):
             raise ValueError(f"capture must be 'merged', 'separate' or None, got {capture!r}")
+        self.filters = dict(filters or {})
+        if self.filters and capture is not None:
+            raise ValueError("output filters need capture=None: filtered output is shown")
         self.argv = list(argv)
         self.new_session = new_session
         self.capture = capture
-        pipe = subprocess.PIPE if capture else None
+
+        def pipe(name: str) -> int | None:
+            return subprocess.PIPE if capture or name in self.filters else None
+
         self.start = time.monotonic()
         self.proc = subprocess.Popen(
             self.argv,
             env=None if env is None else dict(env),
             cwd=cwd,
             stdin=subprocess.DEVNULL if new_session else None,
-            stdout=pipe,
-            stderr=subprocess.STDOUT if capture == "merged" else pipe,
+            stdout=pipe("out"),
+            stderr=subprocess.STDOUT if capture == "merged" else pipe("err"),
             start_new_session=new_session,
         )
         self.chunks: dict[str, list[bytes]] = {}
-        self.readers: list[threading.Thread] = []
+        self.relays: dict[str, _Relay] = {}
+        self.readers: dict[str, threading.Thread] = {}
         for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr)):
-            if stream is not None:
+            if stream is None:
+                continue
+            if name in self.filters:
+                self.relays[name] = _Relay(self.filters[name], 1 if name == "out" else 2)
+                target, args = self.relays[name].run, (stream,)
+            else:
                 self.chunks[name] = []
-                reader = threading.Thread(
-                    target=_drain, args=(stream, self.chunks[name]), daemon=True
-                )
-                reader.start()
-                self.readers.append(reader)
+                target, args = _drain, (stream, self.chunks[name])
+            self.readers[name] = threading.Thread(target=target, args=args, daemon=True)
+            self.readers[name].start()
         self.end: float | None = None
         self.timed_out = False
 
@@ -134,10 +176,11 @@ class _Child:
             self.proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             return False
-        for reader in self.readers:
+        for reader in self.readers.values():
             reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if reader.is_alive():
                 return False
+        self._end_relays()
         self.end = time.monotonic()
         return True
 
@@ -152,9 +195,16 @@ class _Child:
     def finish(self) -> None:
         """After a kill: reap the child, give its output a little time to close."""
         self.proc.wait()
-        for reader in self.readers:
+        for reader in self.readers.values():
             reader.join(_DRAIN_AFTER_KILL_S)
+        self._end_relays()
         self.end = time.monotonic()
+
+    def _end_relays(self) -> None:
+        """Once the filtered streams have ended: what their filters held back."""
+        for name, relay in self.relays.items():
+            if not self.readers[name].is_alive():
+                relay.end()
 
     def result(self) -> Finished:
         def text(name: str) -> str | None:
@@ -176,6 +226,69 @@ def _drain(stream: io.BufferedReader, chunks: list[bytes]) -> None:
     with stream:
         while chunk := stream.read1(1 << 16):
             chunks.append(chunk)
+
+
+class _Relay:
+    """Shows one output stream of a child on this process's `fd`, through a `LineFilter`.
+
+    If the filter raises, the rest of the stream is shown unfiltered (the child must not block on
+    a full pipe) and `run` raises the error once the child has ended. Once writing to `fd` fails
+    (nobody reads this process's output any more), the stream is still read to its end, unshown.
+    """
+
+    def __init__(self, line_filter: LineFilter, fd: int) -> None:
+        self.filter = line_filter
+        self.fd = fd
+        self.error: Exception | None = None
+        self.closed = False
+        self.ended = False
+
+    def run(self, stream: io.BufferedReader) -> None:
+        source = stream.fileno()
+        unfinished = b""
+        with stream:
+            while True:
+                if unfinished and not select.select([source], [], [], _PARTIAL_LINE_S)[0]:
+                    self._show(unfinished)
+                    unfinished = b""
+                chunk = os.read(source, 1 << 16)
+                if not chunk:
+                    break
+                unfinished += chunk
+                cut = max(unfinished.rfind(b"\n"), unfinished.rfind(b"\r")) + 1
+                for line in _LINE.findall(unfinished[:cut]):
+                    self._show(line)
+                unfinished = unfinished[cut:]
+        if unfinished:
+            self._show(unfinished)
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self._write(self._filtered(self.filter.end))
+
+    def _show(self, line: bytes) -> None:
+        text = line.decode("utf-8", "surrogateescape")
+        self._write(self._filtered(self.filter.line, text))
+
+    def _filtered(self, method: Callable[..., str], *text: str) -> str:
+        if self.error is not None:
+            return "".join(text)
+        try:
+            return method(*text)
+        except Exception as err:  # raised again by run(); meanwhile the output goes on as it is
+            self.error = err
+            return "".join(text)
+
+    def _write(self, text: str) -> None:
+        data = text.encode("utf-8", "surrogateescape")
+        while data and not self.closed:
+            try:
+                data = data[os.write(self.fd, data) :]
+            except BlockingIOError:  # a non-blocking terminal: wait until it takes more
+                select.select([], [self.fd], [])
+            except OSError:
+                self.closed = True
 
 
 def _wait_all(
@@ -217,6 +330,8 @@ def run(
     forward_signals: Mapping[int, int] | None = None,
     during: Callable[[subprocess.Popen], object] | None = None,
     on_timeout: Callable[[], object] | None = None,
+    stdout_filter: LineFilter | None = None,
+    stderr_filter: LineFilter | None = None,
 ) -> Finished:
     """Run one job to its end or `timeout_s` seconds (None: no limit); how it ended.
 
@@ -234,12 +349,22 @@ def run(
         it); what it returns or raises is `Finished.during` if it is done when the job ends.
       on_timeout: called after the timeout's kill, before the output is collected (to kill what
         escaped the group, for example).
+      stdout_filter, stderr_filter: show that stream on this process's own (file descriptor 1
+        or 2) through this filter, line by line as it arrives (see `LineFilter`), instead of
+        letting the child write there itself; only with capture=None. The job ends when its
+        output has, so nothing it wrote is lost; if the wait ends in a KeyboardInterrupt (a
+        terminal's Ctrl-C) and the child shares this session, it got the same INT, and the wait
+        goes on until it ended before the interrupt is raised, so that its last words still show.
 
     Raises:
       OSError: the program could not be started.
-      ValueError: an unknown `capture`, or `forward_signals` outside the main thread.
+      ValueError: an unknown `capture`, a filter with capture, or `forward_signals` outside the
+        main thread.
+      Exception: what a filter raised (its stream was then shown unfiltered), once the job ended.
     """
-    child = _Child(argv, env, cwd, capture, new_session)
+    filters = {"out": stdout_filter, "err": stderr_filter}
+    filters = {name: line_filter for name, line_filter in filters.items() if line_filter}
+    child = _Child(argv, env, cwd, capture, new_session, filters)
     previous: dict[int, object] = {}
     outcome: list[object] = []
     try:
@@ -257,14 +382,19 @@ def run(
 
             threading.Thread(target=act, daemon=True).start()
         _wait_all([child], timeout_s, on_timeout)
-    except BaseException:
+    except BaseException as err:
         if child.new_session and child.proc.poll() is None:
             child.kill()
             child.proc.wait()
+        elif isinstance(err, KeyboardInterrupt) and child.relays and not child.new_session:
+            child.wait(None)
         raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    for relay in child.relays.values():
+        if relay.error is not None:
+            raise relay.error
     finished = child.result()
     finished.during = outcome[0] if outcome else None
     return finished

@@ -33,6 +33,13 @@ _Dumper.add_representer(list, _Dumper.represent_list)
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping a YAML config file holds.
+
+    Raises:
+      ConfigError: the file cannot be read, is not UTF-8, is not valid YAML, is empty (nothing but
+        comments and whitespace: a file given by name that sets nothing is a mistake, not a
+        request for the defaults), or its top level is not a mapping.
+    """
     name = os.fspath(path)
     try:
         with open(name, encoding="utf-8") as f:
@@ -48,7 +55,10 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{name}{_yaml_location(err)}: invalid YAML: {_yaml_problem(err)}"
         ) from err
     if raw is None:
-        return {}
+        raise ConfigError(
+            f"config {name} is empty: give at least one section (e.g. train: {{epochs: 3}}), or "
+            "no config file for the defaults"
+        )
     if not isinstance(raw, dict):
         raise ConfigError(f"{name}: the top level must be a mapping of sections, got {show(raw)}")
     return raw

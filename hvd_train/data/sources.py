@@ -5,20 +5,27 @@ mnist and cifar10 from `keras_cache.py`), `RecordFiles` (TFRecord files of `tf.t
 and `ImageFiles` (one folder per class); files are listed and counted here, and decoded later in
 the pipeline (or once, by `memory.decode_into_memory`). Validation data are held out by a seeded
 permutation where the config names none.
+
+`check` finds a missing or unusable data file in milliseconds, without loading it; this module
+imports no TensorFlow (`formats`, which does, is imported where records or images are read), so
+a config's files can be checked before anything pays for TensorFlow.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hvd_train.data.errors import DataError
-from hvd_train.data.formats import IMAGE_SUFFIXES, check_example, count_records
+
+if TYPE_CHECKING:
+    from hvd_train.core.config import DataConfig
 
 
 @dataclass
@@ -154,19 +161,38 @@ def _check_pair(name: str, x: np.ndarray, y: np.ndarray, path: str) -> None:
         raise DataError(f"{path}: y_{name} has a negative class id {y.min()}")
 
 
+def _check_npz(path: str) -> None:
+    """The file at data.path is a readable .npz archive with the arrays training needs, by its
+    zip directory alone (no array is read)."""
+    where = f"data.path: data file {path}"
+    if os.path.isdir(path):
+        raise DataError(f"{where} is a directory, not an .npz file")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = sorted(n.removesuffix(".npy") for n in archive.namelist() if n.endswith(".npy"))
+    except FileNotFoundError:
+        raise DataError(f"{where} does not exist") from None
+    except PermissionError as err:
+        raise DataError(f"{where} cannot be read ({err.strerror})") from None
+    except (OSError, zipfile.BadZipFile) as err:
+        raise DataError(f"{where} is not a readable .npz archive ({err})") from None
+    missing = [k for k in ("x_train", "y_train") if k not in names]
+    if missing:
+        raise DataError(f"{where} is missing array(s) {', '.join(missing)} (has {names})")
+    if ("x_val" in names) != ("y_val" in names):
+        given, absent = ("x_val", "y_val") if "x_val" in names else ("y_val", "x_val")
+        raise DataError(f"{where} has {given} without {absent} (they come together)")
+
+
 def _npz(path: str, seed: int, fraction: float) -> Arrays:
+    _check_npz(path)
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except FileNotFoundError:
-        raise DataError(f"data file {path} does not exist") from None
-    except (OSError, ValueError) as err:
-        raise DataError(f"data file {path} is not a readable .npz archive ({err})") from None
-    missing = [k for k in ("x_train", "y_train") if k not in arrays]
-    if missing:
-        raise DataError(f"{path}: missing array(s) {', '.join(missing)} (has {sorted(arrays)})")
-    if ("x_val" in arrays) != ("y_val" in arrays):
-        raise DataError(f"{path}: x_val and y_val come together")
+    except (OSError, ValueError) as err:  # a member that is not a plain .npy array
+        raise DataError(
+            f"data.path: data file {path} is not a readable .npz archive ({err})"
+        ) from None
     _check_pair("train", arrays["x_train"], arrays["y_train"], path)
     x, y = arrays["x_train"].astype("float32"), arrays["y_train"].astype("int32")
     if "x_val" in arrays:
@@ -192,18 +218,33 @@ def _glob(pattern: str, key: str) -> list[str]:
     return files
 
 
-def _tfrecord(data: Any) -> RecordFiles:
+def _readable(files: list[str], key: str) -> None:
+    for name in files:
+        if not os.access(name, os.R_OK):
+            raise DataError(f"{key}: {name!r} cannot be read (permission denied)")
+
+
+def _tfrecord_files(data: Any) -> tuple[list[str], list[str]]:
+    """The training and validation files (validation held out by whole files without val_path)."""
     files = _glob(data.path, "data.path")
+    _readable(files, "data.path")
     if data.val_path:
-        train, val = files, _glob(data.val_path, "data.val_path")
-    elif len(files) < 2:
+        val = _glob(data.val_path, "data.val_path")
+        _readable(val, "data.val_path")
+        return files, val
+    if len(files) < 2:
         raise DataError(
             f"data.path: {data.path!r} matches one file; holding out validation files needs "
             "two or more, or set data.val_path"
         )
-    else:
-        train_ids, val_ids = _split_ids(len(files), data.validation_fraction, data.seed)
-        train, val = [files[i] for i in train_ids], [files[i] for i in val_ids]
+    train_ids, val_ids = _split_ids(len(files), data.validation_fraction, data.seed)
+    return [files[i] for i in train_ids], [files[i] for i in val_ids]
+
+
+def _tfrecord(data: Any) -> RecordFiles:
+    from hvd_train.data.formats import check_example, count_records  # TensorFlow: here only
+
+    train, val = _tfrecord_files(data)
     train_counts, val_counts = [count_records(f) for f in train], [count_records(f) for f in val]
     for key, name, counts in (
         ("data.path", "training", train_counts),
@@ -223,10 +264,13 @@ def _tfrecord(data: Any) -> RecordFiles:
     )
 
 
-def _list_images(root: Path, class_names: list[str] | None, key: str) -> tuple[list, list, list]:
-    """Image paths and class ids under root/<class>/ (sorted), and the class names."""
+def _class_folders(root: Path, class_names: list[str] | None, key: str) -> list[str]:
+    """The class names for root/<class>/ (sorted folder names, or `class_names`), checked."""
     if not root.is_dir():
-        raise DataError(f"{key}: {str(root)!r} is not a directory")
+        problem = "is not a directory" if root.exists() else "does not exist"
+        raise DataError(f"{key}: {str(root)!r} {problem}")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise DataError(f"{key}: {str(root)!r} cannot be read (permission denied)")
     folders = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     names = class_names or folders
     unknown = sorted(set(folders) - set(names))
@@ -234,6 +278,14 @@ def _list_images(root: Path, class_names: list[str] | None, key: str) -> tuple[l
         raise DataError(f"{key}: class folder(s) {', '.join(unknown)} are not in data.path")
     if len(names) < 2:
         raise DataError(f"{key}: {str(root)!r} needs one folder per class, two or more")
+    return names
+
+
+def _list_images(root: Path, class_names: list[str] | None, key: str) -> tuple[list, list, list]:
+    """Image paths and class ids under root/<class>/ (sorted), and the class names."""
+    from hvd_train.data.formats import IMAGE_SUFFIXES  # TensorFlow: here only
+
+    names = _class_folders(root, class_names, key)
     paths, labels = [], []
     for label, name in enumerate(names):
         found = sorted(
@@ -269,6 +321,35 @@ def _image_dir(data: Any) -> ImageFiles:
         class_names=names,
         root=data.path,
     )
+
+
+def check(data: DataConfig) -> None:
+    """Check, without loading them, that the files a config's `data` section names can be read.
+
+    Cheap (file names, permissions, an .npz's zip directory, folder listings; no record, image or
+    array is read), and free of TensorFlow: run it on the rank that will read the files, before
+    the run directory is made and before TensorFlow starts. The rules are `load`'s, with the same
+    messages. npz: data.path is a file (not a directory) that opens as a zip archive with x_train
+    and y_train, and x_val with y_val or neither. tfrecord: data.path (and data.val_path) match
+    readable files, two or more without data.val_path. image_dir: data.path (and data.val_path)
+    are readable directories of two or more class folders. The other sources read no file named
+    in the config: nothing to check (mnist and cifar10 are found, or named as missing, by `load`).
+
+    Args:
+      data: a validated config's `data` section.
+
+    Raises:
+      DataError: the first problem, in one line naming the key (data.path or data.val_path) and
+        the path.
+    """
+    if data.source == "npz":
+        _check_npz(str(data.path))
+    elif data.source == "tfrecord":
+        _tfrecord_files(data)
+    elif data.source == "image_dir":
+        names = _class_folders(Path(os.path.expanduser(data.path)), None, "data.path")
+        if data.val_path:
+            _class_folders(Path(os.path.expanduser(data.val_path)), names, "data.val_path")
 
 
 def load(data: Any) -> Source:

@@ -4,12 +4,17 @@ The checks that need no TensorFlow run in a Python where importing TensorFlow fa
 they run before it is loaded (and before any worker starts, for `launch`).
 """
 
+import dataclasses
+import json
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from jobs import REPO
+from jobs import PYTHON, REPO, result_of, run
+
+from hvd_train.core import config as config_lib
 
 NO_TF = (
     "import sys; sys.modules['tensorflow'] = None; sys.modules['keras'] = None; "
@@ -162,3 +167,137 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
     assert_one_error(result, "checkpoint ")
     assert "has shape" in result[1][0] or "holds" in result[1][0]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+
+# Through `hvd-train launch`: what the user sees when a bad input is found before, or after, the
+# workers start. The launch host's own checks run without TensorFlow (NO_TF); the workers are
+# real. jobs.run bounds every job in time and leaves no rank behind.
+
+# horovodrun prefixes each rank's lines with "[rank]<stream>:".
+ERROR_LINE = re.compile(r"^(?:\[\d+\]<stderr>:)?hvd-train: error: (.*)$")
+TF_START_UP = (
+    "All log messages before absl::InitializeLog()",
+    "oneDNN custom operations are on",
+    "cpu_feature_guard",
+    "To enable the following instructions",
+)
+
+
+def launch(launch_args, train_args, timeout=60, env=None):
+    """`hvd-train launch LAUNCH_ARGS -- train TRAIN_ARGS`; the Job, and its error lines."""
+    argv = [PYTHON, "-c", NO_TF, "launch", *launch_args, "--", "train", *train_args]
+    job = run(argv, timeout=timeout, env=env)
+    errors = [m.group(1) for m in map(ERROR_LINE.match, job.output.splitlines()) if m]
+    return job, errors
+
+
+@pytest.mark.parametrize("text", ["", "# to be written\n\n   \n"], ids=["0-bytes", "comments"])
+def test_launch_refuses_an_empty_config_before_any_worker(tmp_path, text):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    job, errors = launch(["--np", "2"], ["--config", str(path)])
+    assert job.returncode == 2, job.tail()
+    assert errors == [
+        f"config {path} is empty: give at least one section (e.g. train: {{epochs: 3}}), or no "
+        "config file for the defaults"
+    ]
+    assert job.output.splitlines() == [f"hvd-train: error: {errors[0]}"]  # no launcher started
+    assert job.seconds < 30
+
+
+def test_launch_trains_a_null_section_with_its_defaults_and_says_so_once(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(f"run_dir: {tmp_path / 'run'}\noptimizer:\ntrain: {{epochs: 3}}\n")
+    quick = ["--set", "train.steps_per_epoch=1", "--stop-after-epochs", "1"]
+    job, errors = launch(["--np", "2"], ["--config", str(path), *quick], timeout=300)
+    assert job.returncode == 0 and errors == [], job.tail()
+    assert result_of(job)["epochs_done"] == 1
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["config"]["optimizer"] == dataclasses.asdict(config_lib.OptimizerConfig())
+    note = f"config {path}: section 'optimizer' is empty (null): using its defaults"
+    assert [line for line in job.output.splitlines() if note in line] != [], job.tail()
+    assert job.output.count(note) == 1, job.output  # once per launch, not once per process
+
+
+@pytest.fixture
+def run_dir_problem(request, tmp_path, occupied):
+    """(run_dir, the error's text) for each way a run directory cannot be used."""
+    return {
+        "not-empty": (occupied, f"run_dir {occupied} is not empty: pass --resume"),
+        "a-file": (occupied / "notes.txt", "exists and is not a directory"),
+        "cannot-be-created": ("/proc/hvd_train_run", "cannot be created"),
+    }[request.param]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+@pytest.mark.parametrize(
+    "run_dir_problem", ["not-empty", "a-file", "cannot-be-created"], indirect=True
+)
+def test_launch_shows_a_run_dir_problem_in_one_line(launcher, run_dir_problem, occupied):
+    # Neither TensorFlow's start-up lines nor the launcher's report of the failed rank (mpirun's
+    # boxes; horovodrun's "Process N exit ..." lines and traceback) show: the error says it all.
+    run_dir, expected = run_dir_problem
+    job, errors = launch(["--np", "2", "--launcher", launcher], ["--set", f"run_dir={run_dir}"])
+    assert job.returncode == 2, job.output  # horovodrun's own 1 too
+    assert len(errors) == 1 and expected in errors[0], job.output
+    assert (occupied / "notes.txt").read_text() == "keep me"
+    command, *rest = job.output.splitlines()
+    assert command.startswith(f"{launcher} -np 2 "), job.output  # the command launch shows
+    assert [ERROR_LINE.match(line) is not None for line in rest] == [True], job.output
+
+
+# A rank that ends without an error line: the launcher's report is all the user has, and shows.
+CRASH_RANK_1 = """import os, signal
+if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK")) == "1":
+    if os.environ["CRASH"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+"""
+LAUNCHER_REPORTS = {  # (launcher, how rank 1 ends): the exit code, lines of the report
+    ("mpirun", "exit"): (
+        3,
+        [
+            "Primary job  terminated normally, but 1 process returned",
+            "mpirun detected that one or more processes exited with non-zero status, thus causing",
+            "  Exit code:    3",
+        ],
+    ),
+    ("mpirun", "kill"): (137, ["mpirun noticed that process rank 1 with PID 0 on node "]),
+    ("horovodrun", "exit"): (
+        1,
+        [
+            "Process 1 exit with status code 3.",
+            "Terminating remaining workers after failure of Process 1.",
+            "Traceback (most recent call last):",
+            "RuntimeError: Horovod detected that one or more processes exited with non-zero",
+            "Exit code: 3",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("launcher", "crash"), list(LAUNCHER_REPORTS), ids=["-".join(k) for k in LAUNCHER_REPORTS]
+)
+def test_launch_shows_the_launchers_report_of_a_rank_that_gave_no_error(tmp_path, launcher, crash):
+    # rank 1 ends itself at start-up (a sitecustomize on PYTHONPATH, which both launchers pass on)
+    (tmp_path / "sitecustomize.py").write_text(CRASH_RANK_1)
+    env = {"PYTHONPATH": str(tmp_path), "CRASH": crash}
+    job, errors = launch(
+        ["--np", "2", "--launcher", launcher], ["--set", f"run_dir={tmp_path / 'run'}"], env=env
+    )
+    code, report = LAUNCHER_REPORTS[launcher, crash]
+    assert job.returncode == code and errors == [], job.output
+    lines = job.output.splitlines()
+    for expected in report:
+        assert [line for line in lines if line.startswith(expected)], (expected, job.output)
+    assert not [line for line in lines if any(t in line for t in TF_START_UP)], job.output
+
+
+def test_launch_shows_a_missing_data_file_once_and_leaves_no_run_dir(tmp_path):
+    missing = tmp_path / "missing.npz"
+    train = ["--set", f"run_dir={tmp_path / 'run'}", "--set", "data.source=npz"]
+    job, errors = launch(["--np", "2"], [*train, "--set", f"data.path={missing}"])
+    assert job.returncode == 2, job.output
+    assert errors == [f"data.path: data file {missing} does not exist"], job.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run directory left

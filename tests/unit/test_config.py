@@ -103,9 +103,44 @@ def test_an_int_is_accepted_for_a_float_and_converted(tmp_path):
     assert [type(e) for e in cfg.optimizer.decay_epochs] == [float, float]
 
 
-def test_empty_file_and_empty_section_keep_the_defaults(tmp_path):
-    assert config.load(write(tmp_path, "# nothing yet\n")) == Config()
-    assert config.load(write(tmp_path, "logging:\ntrain:\n")) == Config()
+@pytest.mark.parametrize("text", ["", "\n  \n", "# nothing yet\n\n# still nothing\n", "null\n"])
+def test_an_empty_file_is_an_error_naming_it(tmp_path, text):
+    path = write(tmp_path, text)
+    assert error_of(config.load, path).startswith(f"config {path} is empty: give at least one")
+
+
+def test_a_null_section_keeps_its_defaults_and_says_so_once(tmp_path, caplog):
+    path = write(tmp_path, "logging:\ntrain:\noptimizer:\n")
+    with caplog.at_level("WARNING", logger="hvd_train.core.config"):
+        assert config.load(path, ["optimizer.name=adam"]) == Config(
+            optimizer=config.OptimizerConfig(name="adam")
+        )
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"config {path}: section 'logging' is empty (null): using its defaults"),
+        ("WARNING", f"config {path}: section 'train' is empty (null): using its defaults"),
+    ]  # not 'optimizer': an override filled it
+
+
+def test_null_section_notes_can_be_left_to_another_process(tmp_path, caplog):
+    with caplog.at_level("DEBUG", logger="hvd_train.core.config"):
+        assert config.load(write(tmp_path, "train:\n"), log_notes=False) == Config()
+        config.load(write(tmp_path, "train: {epochs: 3}\n"))
+        with pytest.raises(ConfigError):  # an invalid config: its error alone, no note before it
+            config.load(write(tmp_path, "train:\nmodel: {name: ''}\n"))
+    assert caplog.records == []
+
+
+def test_sections_are_the_dataclass_fields():
+    assert config.SECTIONS == (
+        "data",
+        "model",
+        "optimizer",
+        "train",
+        "checkpoint",
+        "logging",
+        "fault",
+        "elastic",
+    )
 
 
 def test_batch_sizes_one_given_alone_clears_the_other(tmp_path):

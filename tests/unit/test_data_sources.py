@@ -4,8 +4,12 @@ Each test sample carries its id (TFRecord: the label; images: a constant pixel v
 can be checked to be disjoint and to cover the data.
 """
 
+import os
 import pickle
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +17,9 @@ import tensorflow as tf
 
 from hvd_train import data
 from hvd_train.core.config import DataConfig
+from hvd_train.data import sources
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def encoded_png(value: int, height: int = 4, width: int = 4) -> bytes:
@@ -235,7 +242,7 @@ def test_image_dir_val_path_and_problems(tmp_path):
     with pytest.raises(data.DataError, match=r"class folder\(s\) zebra are not in data\.path"):
         data.load(cfg)
     cfg.path = str(tmp_path / "nowhere")
-    with pytest.raises(data.DataError, match="is not a directory"):
+    with pytest.raises(data.DataError, match=r"data\.path: '.*/nowhere' does not exist"):
         data.load(cfg)
 
 
@@ -318,3 +325,107 @@ def test_tfrecord_labels_outside_num_classes_are_caught(tmp_path):
     dataset, steps = data.train_dataset(source, 4, 0, 1)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"a label outside \[0, 5\)"):
         list(dataset.take(2 * steps))
+
+
+def check_error(cfg) -> str:
+    """`sources.check`'s one-line message for `cfg`; `load` must fail with the same one."""
+    with pytest.raises(data.DataError) as info:
+        sources.check(cfg)
+    message = str(info.value)
+    assert "\n" not in message
+    with pytest.raises(data.DataError) as loaded:
+        data.load(cfg)
+    assert str(loaded.value) == message
+    return message
+
+
+def test_check_npz_reads_the_zip_directory_only(tmp_path):
+    good = tmp_path / "good.npz"
+    np.savez(good, x_train=np.zeros((4, 2)), y_train=np.arange(4), x_val=np.zeros((2, 2)))
+    np.savez(tmp_path / "arrays.npz", x=np.zeros(3))
+    np.save(tmp_path / "plain.npy", np.zeros(3))
+    (tmp_path / "folder.npz").mkdir()
+    npz = {
+        name: DataConfig(source="npz", path=str(tmp_path / name))
+        for name in ("missing.npz", "folder.npz", "plain.npy", "arrays.npz", "good.npz")
+    }
+    assert check_error(npz["missing.npz"]) == (
+        f"data.path: data file {tmp_path}/missing.npz does not exist"
+    )
+    assert check_error(npz["folder.npz"]) == (
+        f"data.path: data file {tmp_path}/folder.npz is a directory, not an .npz file"
+    )
+    assert check_error(npz["plain.npy"]) == (
+        f"data.path: data file {tmp_path}/plain.npy is not a readable .npz archive "
+        "(File is not a zip file)"
+    )
+    assert check_error(npz["arrays.npz"]) == (
+        f"data.path: data file {tmp_path}/arrays.npz is missing array(s) x_train, y_train "
+        "(has ['x'])"
+    )
+    assert check_error(npz["good.npz"]).endswith("has x_val without y_val (they come together)")
+    np.savez(good, x_train=np.zeros((4, 2)), y_train=np.arange(4))
+    assert sources.check(npz["good.npz"]) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_check_npz_unreadable(tmp_path):
+    path = tmp_path / "locked.npz"
+    np.savez(path, x_train=np.zeros((4, 2)), y_train=np.arange(4))
+    path.chmod(0)
+    assert check_error(DataConfig(source="npz", path=str(path))) == (
+        f"data.path: data file {path} cannot be read (Permission denied)"
+    )
+
+
+def test_check_tfrecord_globs(tmp_path):
+    pattern = str(tmp_path / "train-*.tfrecord")
+    cfg = DataConfig(source="tfrecord", path=pattern, shape=[4, 4, 1])
+    assert check_error(cfg) == f"data.path: no files match {pattern!r}"
+    write_tfrecords(tmp_path, [3])
+    assert "matches one file; holding out validation files needs two or more" in check_error(cfg)
+    cfg.val_path = str(tmp_path / "val-*.tfrecord")
+    assert check_error(cfg) == f"data.val_path: no files match {cfg.val_path!r}"
+    write_tfrecords(tmp_path, [2], prefix="val")
+    assert sources.check(cfg) is None
+
+
+def test_check_image_dir(tmp_path):
+    cfg = DataConfig(source="image_dir", path=str(tmp_path / "train"), shape=[4, 4, 1])
+    assert check_error(cfg) == f"data.path: '{tmp_path}/train' does not exist"
+    (tmp_path / "train").write_text("a file")
+    assert check_error(cfg) == f"data.path: '{tmp_path}/train' is not a directory"
+    (tmp_path / "train").unlink()
+    write_image_dir(tmp_path / "train", {"a": 2})
+    assert check_error(cfg).endswith("needs one folder per class, two or more")
+    write_image_dir(tmp_path / "train", {"b": 2})  # a second class
+    (tmp_path / "val" / "zebra").mkdir(parents=True)
+    cfg.val_path = str(tmp_path / "val")
+    assert "class folder(s) zebra are not in data.path" in check_error(cfg)
+    (tmp_path / "val" / "zebra").rmdir()
+    (tmp_path / "val" / "b").mkdir()
+    assert sources.check(cfg) is None
+
+
+@pytest.mark.parametrize("source", ["digits", "synthetic", "mnist", "cifar10"])
+def test_check_has_nothing_to_check_for_sources_without_files(source, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # mnist, cifar10: missing, found by load
+    assert sources.check(DataConfig(source=source)) is None
+
+
+def test_check_needs_no_tensorflow(tmp_path):
+    np.savez(tmp_path / "good.npz", x_train=np.zeros((4, 2)), y_train=np.arange(4))
+    code = (
+        "import sys; sys.modules['tensorflow'] = None; sys.modules['keras'] = None\n"
+        "from hvd_train.core.config import DataConfig\n"
+        "from hvd_train.data import sources\n"
+        f"sources.check(DataConfig(source='npz', path={str(tmp_path / 'good.npz')!r}))\n"
+        "try:\n"
+        "    sources.check(DataConfig(source='tfrecord', path='/nowhere/*'))\n"
+        "except sources.DataError as err:\n"
+        "    print(err)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "data.path: no files match '/nowhere/*'\n"

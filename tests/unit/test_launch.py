@@ -1,7 +1,13 @@
 """Launch argv builders, to the exact list."""
 
+import json
+import shlex
+import sys
+import time
+
 import pytest
 
+from hvd_train import cli
 from hvd_train.core import launch
 
 CMD = ["python", "train.py", "--epochs", "2"]
@@ -194,3 +200,351 @@ def test_horovodrun_elastic_argv_rejects(np, min_np, max_np, extra, message):
         launch.horovodrun_elastic_argv(
             np, CMD, min_np=min_np, max_np=max_np, discovery=["d.sh"], **extra
         )
+
+
+def test_launch_env_quiets_tensorflow_start_up_unless_the_user_chose():
+    assert launch.launch_env({"PATH": "/bin"}) == {"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/bin"}
+    assert launch.launch_env({"TF_CPP_MIN_LOG_LEVEL": "0"}) == {"TF_CPP_MIN_LOG_LEVEL": "0"}
+
+
+def test_build_mpirun_forwards_the_launch_env(monkeypatch):
+    monkeypatch.setattr(launch, "ompi_major_version", lambda: 4)
+    monkeypatch.setattr(launch.os, "environ", {"PATH": "/bin", "HOME": "/root"})
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 8)
+    assert launch.build("mpirun", 2, CMD) == [
+        "mpirun",
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--bind-to",
+        "none",
+        "-x",
+        "PATH",
+        "-x",
+        "TF_CPP_MIN_LOG_LEVEL",
+        *CMD,
+    ]
+
+
+def test_supervise_runs_the_launcher_in_the_launch_env(monkeypatch, capsys):
+    ran = {}
+
+    def fake_run(argv, env, **options):
+        ran.update(argv=argv, env=env, **options)
+        return launch.processes.Finished(argv, 2, None, None, 0.1, False)
+
+    monkeypatch.setattr(launch.processes, "run", fake_run)
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(launch.os, "environ", {"PATH": "/bin"})
+    parser = launch.make_parser("test")
+    args, command = launch.parse(parser, ["--launcher", "horovodrun", "--", *CMD])
+    assert launch.supervise(parser, args, command) == launch.Launched(2, False)
+    assert ran["argv"] == ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", *CMD]
+    assert ran["env"] == {"TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/bin"}
+    assert (ran["capture"], ran["new_session"]) == (None, False)
+    # horovodrun (Gloo) prints its failure lines on stdout: both streams are filtered
+    assert {"stdout_filter", "stderr_filter"} <= ran.keys()
+    assert capsys.readouterr().out == shlex.join(ran["argv"]) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "environ", "filtered"),
+    [
+        ("mpirun", {}, {"stderr_filter"}),
+        ("horovodrun-mpi", {}, {"stderr_filter"}),
+        ("horovodrun-gloo", {}, {"stderr_filter", "stdout_filter"}),
+        ("horovodrun", {"HVD_TRAIN_LAUNCH_RAW": "1"}, set()),
+    ],
+)
+def test_supervise_filters_stderr_and_horovodruns_stdout_unless_raw(
+    monkeypatch, launcher, environ, filtered
+):
+    ran = {}
+
+    def fake_run(argv, env, **options):
+        ran.update(options)
+        return launch.processes.Finished(argv, 0, None, None, 0.1, False)
+
+    monkeypatch.setattr(launch.processes, "run", fake_run)
+    monkeypatch.setattr(launch, "_built", lambda parser, args, command: ["launcher", *command])
+    monkeypatch.setattr(launch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(launch.os, "environ", {"PATH": "/bin", **environ})
+    parser = launch.make_parser("test")
+    args, command = launch.parse(parser, ["--launcher", launcher, "--", *CMD])
+    assert launch.supervise(parser, args, command) == launch.Launched(0, False)
+    assert {name for name in ran if name.endswith("_filter")} == filtered
+
+
+# --- what a supervised launch shows: the filter on real lines ------------------------------------
+# As TensorFlow 2.21, Open MPI 4.1.4's mpirun and Horovod 0.28.1's horovodrun printed them for
+# `hvd-train launch --np 2 [--launcher horovodrun] -- train --set run_dir=/proc/x`
+# (cpu_feature_guard at TF_CPP_MIN_LOG_LEVEL=0), with rank 1 ending itself at start-up (exit 3,
+# or SIGKILL), and for `mpirun -np 8 -H localhost:2 true` (the slots box, cut short).
+
+ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+ONEDNN = (
+    "I0000 00:00:1796122519.131933   23082 port.cc:153] oneDNN custom operations are on. You may "
+    "see slightly different numerical results due to floating-point round-off errors from "
+    "different computation orders. To turn them off, set the environment variable "
+    "`TF_ENABLE_ONEDNN_OPTS=0`."
+)
+CPU_GUARD = (
+    "I0000 00:00:1796122519.179347   23082 cpu_feature_guard.cc:227] This TensorFlow binary is "
+    "optimized to use available CPU instructions in performance-critical operations."
+)
+CPU_ENABLE = (
+    "To enable the following instructions: AVX2 AVX512F AVX512_VNNI AVX512_BF16 AVX_VNNI FMA, in "
+    "other operations, rebuild TensorFlow with the appropriate compiler flags."
+)
+TF_NOISE = [ABSL, ONEDNN, CPU_GUARD, CPU_ENABLE]
+ERROR = "hvd-train: error: run_dir /proc/x cannot be created: No such file or directory"
+RULE = "-" * 74
+MPIRUN_PRIMARY_BOX = [
+    RULE,
+    "Primary job  terminated normally, but 1 process returned",
+    "a non-zero exit code. Per user-direction, the job has been aborted.",
+    RULE,
+]
+MPIRUN_DETECTED_BOX = [
+    RULE,
+    "mpirun detected that one or more processes exited with non-zero status, thus causing",
+    "the job to be terminated. The first process to do so was:",
+    "",
+    "  Process name: [[14040,1],0]",
+    "  Exit code:    2",
+    RULE,
+]
+MPIRUN_SIGNAL_BOX = [
+    RULE,
+    "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).",
+    RULE,
+]
+MPIRUN_SLOTS_BOX = [
+    RULE,
+    "There are not enough slots available in the system to satisfy the 8",
+    "slots that were requested by the application:",
+    "",
+    "  true",
+    "",
+    "Either request fewer slots for your application, or make more slots",
+    "available for use.",
+    RULE,
+]
+HOROVODRUN_STDOUT = [
+    "Process 0 exit with status code 2.",
+    "Terminating remaining workers after failure of Process 0.",
+    "Process 1 exit with status code 2.",
+]
+HOROVODRUN_TERMINATED = ["[0]<stderr>:Terminated"]  # rank 0 ended by horovodrun, after rank 1
+HOROVODRUN_KILLED = ["[1]<stderr>:Killed"]  # rank 1 killed by SIGKILL
+_SITE = "/work/main/.venv/lib/python3.11/site-packages/horovod/runner"
+HOROVODRUN_TRACEBACK = [
+    "Traceback (most recent call last):",
+    '  File "/work/main/.venv/bin/horovodrun", line 8, in <module>',
+    "    sys.exit(run_commandline())",
+    "             ^^^^^^^^^^^^^^^^^",
+    f'  File "{_SITE}/launch.py", line 837, in run_commandline',
+    "    _run(args)",
+    f'  File "{_SITE}/launch.py", line 827, in _run',
+    "    return _run_static(args)",
+    "           ^^^^^^^^^^^^^^^^^",
+    f'  File "{_SITE}/launch.py", line 685, in _run_static',
+    "    _launch_job(args, settings, nics, command)",
+    f'  File "{_SITE}/launch.py", line 800, in _launch_job',
+    "    run_controller(args.use_gloo, gloo_run_fn,",
+    f'  File "{_SITE}/launch.py", line 754, in run_controller',
+    "    gloo_run()",
+    f'  File "{_SITE}/launch.py", line 792, in gloo_run_fn',
+    "    gloo_run(settings, nics, env, driver_ip, command)",
+    f'  File "{_SITE}/gloo_run.py", line 300, in gloo_run',
+    "    launch_gloo(command, exec_command, settings, nics, env, server_ip)",
+    f'  File "{_SITE}/gloo_run.py", line 284, in launch_gloo',
+    "    raise RuntimeError('Horovod detected that one or more processes exited with non-zero '",
+    "RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus "
+    "causing the job to be terminated. The first process to do so was:",
+    "Process name: 0",
+    "Exit code: 2",
+    "",
+]
+RANK_TRACEBACK = [  # a rank's own, under mpirun (no prefix): not horovodrun's report
+    "Traceback (most recent call last):",
+    '  File "<string>", line 1, in <module>',
+    "ValueError: a rank's own error",
+]
+
+
+def lines(*groups: list[str], prefix: str = "") -> list[str]:
+    return [f"{prefix}{line}\n" for group in groups for line in group]
+
+
+def show(stream, fed: list[str]) -> str:
+    return "".join(stream.line(line) for line in fed)
+
+
+@pytest.mark.parametrize("prefix", ["", "[0]<stderr>:", "[1,0]<stderr>:"])
+@pytest.mark.parametrize("noise", TF_NOISE, ids=["absl", "onednn", "cpu-guard", "cpu-enable"])
+def test_tensorflow_start_up_lines_are_dropped_from_any_rank(prefix, noise):
+    stream = launch.LaunchOutput().stream()
+    assert stream.line(f"{prefix}{noise}\n") == ""
+    assert stream.line(f"{prefix}{noise}") == ""  # unfinished, or the last line
+    assert stream.end() == ""
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        ONEDNN.replace("I0000", "W0000"),  # a warning, not the start-up notice
+        ONEDNN.replace("are on.", "are off."),
+        ONEDNN + " And more.",
+        "I0000 00:00:1796122519.131933   23082 port.cc:153] another message",
+        "E0000 00:00:1796122519.131933   23082 cuda_executor.cc:1228] failed call to cuInit",
+        f"{ABSL} (not quite)",
+        "oneDNN custom operations are on",
+        "To enable the following instructions: AVX2 FMA",
+        f"[0]<stdout>:loss {CPU_ENABLE}",
+        "hvd-train: warning: not an error line",
+    ],
+)
+def test_lines_that_are_not_known_noise_are_shown(line):
+    output = launch.LaunchOutput()
+    assert output.stream().line(line + "\n") == line + "\n"
+    assert not output.error_shown
+
+
+def test_mpirun_an_error_line_then_mpiruns_report_shows_the_error_alone():
+    output = launch.LaunchOutput()
+    err = output.stream()
+    fed = lines(TF_NOISE, TF_NOISE, [ABSL, ONEDNN], [ERROR], MPIRUN_PRIMARY_BOX)
+    fed += lines(MPIRUN_DETECTED_BOX)
+    assert show(err, fed) + err.end() == ERROR + "\n"
+    assert output.error_shown
+
+
+def test_mpirun_report_that_comes_before_the_error_line_is_dropped_too():
+    # rank 1 exits first (rank 0 told it the error), mpirun reports it, then rank 0's line comes
+    output = launch.LaunchOutput()
+    err = output.stream()
+    fed = lines(MPIRUN_PRIMARY_BOX, [ONEDNN, ERROR], MPIRUN_DETECTED_BOX)
+    assert show(err, fed) + err.end() == ERROR + "\n"
+
+
+def test_horovodrun_its_report_on_both_streams_is_dropped_whichever_comes_first():
+    output = launch.LaunchOutput()
+    out, err = output.stream(), output.stream()
+    # stdout's report read before stderr's error line: held, then dropped
+    assert show(out, lines(HOROVODRUN_STDOUT)) == ""
+    fed = lines(TF_NOISE) + lines(TF_NOISE, prefix="[0]<stderr>:")
+    fed += lines(TF_NOISE, prefix="[1]<stderr>:") + lines([ERROR], prefix="[0]<stderr>:")
+    fed += lines(HOROVODRUN_TERMINATED, HOROVODRUN_TRACEBACK)
+    assert show(err, fed) == f"[0]<stderr>:{ERROR}\n"
+    assert (out.end(), err.end()) == ("", "")
+    assert output.error_shown
+
+
+def test_mpirun_tag_output_may_split_the_error_line_and_it_still_counts():
+    output = launch.LaunchOutput()
+    err = output.stream()
+    line = f"[1,0]<stderr>:{ERROR}[1,0]<stderr>:\n"  # its text and its newline tagged apart
+    assert show(err, [line, *lines(MPIRUN_PRIMARY_BOX)]) + err.end() == line
+    assert output.error_shown
+
+
+def test_without_an_error_line_mpiruns_whole_report_is_shown_in_its_order():
+    # rank 1 exited 3 at start-up: nothing else explains the failure
+    output = launch.LaunchOutput()
+    err = output.stream()
+    fed = lines(MPIRUN_PRIMARY_BOX, [ABSL, ONEDNN], MPIRUN_DETECTED_BOX)
+    assert show(err, fed) == ""  # held until the launcher's output ends
+    assert err.end() == "".join(lines(MPIRUN_PRIMARY_BOX, MPIRUN_DETECTED_BOX))
+    assert not output.error_shown
+
+
+def test_without_an_error_line_horovodruns_whole_report_is_shown():
+    output = launch.LaunchOutput()
+    out, err = output.stream(), output.stream()
+    assert show(out, lines(HOROVODRUN_STDOUT)) == ""
+    fed = lines(TF_NOISE, ["a line of rank 1's"], prefix="[1]<stderr>:")
+    fed += lines(HOROVODRUN_TERMINATED, HOROVODRUN_TRACEBACK)
+    assert show(err, fed) == "[1]<stderr>:a line of rank 1's\n"
+    assert out.end() == "".join(lines(HOROVODRUN_STDOUT))
+    assert err.end() == "".join(lines(HOROVODRUN_TERMINATED, HOROVODRUN_TRACEBACK))
+
+
+@pytest.mark.parametrize(
+    "box",
+    [MPIRUN_SIGNAL_BOX, MPIRUN_SLOTS_BOX, HOROVODRUN_KILLED],
+    ids=["mpirun-signal", "mpirun-slots", "horovodrun-killed"],
+)
+def test_a_rank_killed_by_a_signal_or_too_few_slots_is_shown_even_after_an_error_line(box):
+    output = launch.LaunchOutput()
+    err = output.stream()
+    assert show(err, lines([ERROR], box, [ONEDNN])) + err.end() == "".join(lines([ERROR], box))
+
+
+def test_a_ranks_own_traceback_and_other_boxes_are_shown_whole_in_order():
+    output = launch.LaunchOutput()
+    err = output.stream()
+    fed = lines([ERROR], RANK_TRACEBACK, ["after"], MPIRUN_SLOTS_BOX, [RULE, "a rule", RULE])
+    fed += lines(["Traceback (most recent call last):", '  File "x.py", line 1'])  # cut short
+    shown = show(err, fed) + err.end()
+    assert shown == "".join(fed)
+
+
+def test_the_report_is_held_only_while_no_error_line_came():
+    output = launch.LaunchOutput()
+    err = output.stream()
+    assert show(err, lines(MPIRUN_PRIMARY_BOX)) == ""
+    assert show(err, ["unrelated\n", f"{ERROR}\n"]) == f"unrelated\n{ERROR}\n"
+    assert show(err, lines(MPIRUN_DETECTED_BOX, HOROVODRUN_STDOUT)) + err.end() == ""
+
+
+def launch_filtered(monkeypatch, capfd, script: str) -> tuple[launch.Launched, str, str]:
+    """supervise() of a real child standing in for the launcher; what it showed."""
+    monkeypatch.setattr(
+        launch, "_built", lambda parser, args, command: [sys.executable, "-c", script]
+    )
+    monkeypatch.delenv("HVD_TRAIN_LAUNCH_RAW", raising=False)
+    parser = launch.make_parser("test")
+    args, command = launch.parse(parser, ["--", *CMD])
+    launched = launch.supervise(parser, args, command)
+    shown = capfd.readouterr()
+    return launched, shown.out, shown.err
+
+
+def test_supervise_shows_a_ranks_error_alone_and_says_it_saw_one(monkeypatch, capfd):
+    fed = "".join(lines(TF_NOISE, [ERROR], MPIRUN_PRIMARY_BOX, MPIRUN_DETECTED_BOX))
+    script = f"import sys; print('progress', flush=True); sys.stderr.write({fed!r}); exit(2)"
+    launched, out, err = launch_filtered(monkeypatch, capfd, script)
+    assert launched == launch.Launched(2, True)
+    assert out.splitlines()[1:] == ["progress"] and err == ERROR + "\n"
+
+
+def test_supervise_shows_the_launchers_report_when_no_rank_explained(monkeypatch, capfd):
+    fed = "".join(lines(TF_NOISE, MPIRUN_SIGNAL_BOX, MPIRUN_PRIMARY_BOX))
+    launched, _, err = launch_filtered(
+        monkeypatch, capfd, f"import sys; sys.stderr.write({fed!r}); exit(137)"
+    )
+    assert launched == launch.Launched(137, False)
+    assert err == "".join(lines(MPIRUN_SIGNAL_BOX, MPIRUN_PRIMARY_BOX))
+
+
+@pytest.mark.parametrize(
+    ("code", "error_shown", "status", "expected"),
+    [
+        (1, True, None, 2),  # horovodrun's 1 after a rank's error line: a bad input
+        (1, False, None, 1),  # no line: the launcher's
+        (2, True, None, 2),  # mpirun's, the rank's own
+        (137, True, None, 137),  # a signal is the launcher's to tell
+        (1, True, "preempted", 75),  # this launch's status.json comes first
+        (1, True, "old", 2),  # an earlier launch's status.json does not count
+    ],
+)
+def test_launch_exit_code_after_a_ranks_error_line(tmp_path, code, error_shown, status, expected):
+    status_file = tmp_path / "status.json"
+    now = time.time()
+    if status is not None:
+        when = now - 60 if status == "old" else now + 1
+        status_file.write_text(json.dumps({"status": "preempted", "time": when}))
+    assert cli._launch_exit_code(code, status_file, now, error_shown=error_shown) == expected

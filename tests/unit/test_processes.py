@@ -173,3 +173,139 @@ def test_child_env_puts_this_python_first_and_extra_last(monkeypatch):
 def test_a_bad_capture_is_refused():
     with pytest.raises(ValueError, match="capture must be"):
         processes.run(python("pass"), timeout_s=BOUND_S, capture="stdout")
+
+
+class Recorder(processes.LineFilter):
+    """Drops lines that say "drop", shows the others; remembers every call, in order."""
+
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    def line(self, text: str) -> str:
+        self.calls.append((self.name, text))
+        return "" if "drop" in text else text
+
+    def end(self) -> str:
+        self.calls.append((self.name, None))
+        return f"[{self.name} ended]\n"
+
+
+def test_a_filtered_stream_is_shown_line_by_line_as_it_arrives(tmp_path, capfd):
+    seen = tmp_path / "seen"
+    code = f"""
+        import os, sys, time
+        sys.stdout.write("to stdout, unfiltered\\n"); sys.stdout.flush()
+        sys.stderr.write("one\\ndrop me\\n"); sys.stderr.flush()
+        for _ in range(200):  # until the filter has shown "one", or 10 s
+            if os.path.exists({str(seen)!r}):
+                break
+            time.sleep(0.05)
+        sys.stderr.write(("two" if os.path.exists({str(seen)!r}) else "too late") + "\\r50%\\r")
+        time.sleep(1)  # an unfinished line is shown after a pause
+        sys.stderr.write("unfinished"); sys.stderr.flush()
+        time.sleep(1)
+        sys.stderr.write(" line\\r\\nlast, no newline")
+    """
+    calls = []
+
+    class Marks(Recorder):
+        def line(self, text: str) -> str:
+            if text == "one\n":
+                seen.touch()
+            return super().line(text)
+
+    done = processes.run(
+        python(code), timeout_s=BOUND_S, capture=None, stderr_filter=Marks("err", calls)
+    )
+    assert done.ok and (done.output, done.errors) == (None, None)
+    assert calls == [
+        ("err", "one\n"),
+        ("err", "drop me\n"),
+        ("err", "two\r"),
+        ("err", "50%\r"),
+        ("err", "unfinished"),
+        ("err", " line\r\n"),
+        ("err", "last, no newline"),
+        ("err", None),
+    ]
+    shown = capfd.readouterr()
+    assert shown.out == "to stdout, unfiltered\n"  # the child's own, inherited
+    assert shown.err == "one\ntwo\r50%\runfinished line\r\nlast, no newline[err ended]\n"
+
+
+def test_every_filter_ends_after_both_streams_did_and_bytes_come_back_unchanged(capfdbinary):
+    code = r"""
+        import sys
+        for i in range(3):
+            sys.stdout.buffer.write(b"out %d \xff\n" % i); sys.stdout.flush()
+            sys.stderr.buffer.write(b"err %d \xc3\xa9\n" % i); sys.stderr.flush()
+    """
+    calls = []
+    done = processes.run(
+        python(code),
+        timeout_s=BOUND_S,
+        capture=None,
+        stdout_filter=Recorder("out", calls),
+        stderr_filter=Recorder("err", calls),
+    )
+    assert done.ok
+    ends = [i for i, (_, text) in enumerate(calls) if text is None]
+    assert len(calls) == 8 and ends == [6, 7]  # out's end, then err's, after every line
+    assert ("out", "out 0 \udcff\n") in calls  # an undecodable byte, kept as a surrogate
+    shown = capfdbinary.readouterr()
+    assert shown.out == b"out 0 \xff\nout 1 \xff\nout 2 \xff\n[out ended]\n"
+    assert shown.err == "err 0 é\nerr 1 é\nerr 2 é\n[err ended]\n".encode()
+
+
+def test_a_failing_filter_leaves_the_output_unfiltered_and_is_raised_at_the_end(capfd):
+    class Fails(processes.LineFilter):
+        def line(self, text: str) -> str:
+            if "boom" in text:
+                raise RuntimeError("filter bug")
+            return ""
+
+    code = "import sys; sys.stderr.write('hidden\\nboom\\nafter\\n')"
+    with pytest.raises(RuntimeError, match="filter bug"):
+        processes.run(python(code), timeout_s=BOUND_S, capture=None, stderr_filter=Fails())
+    assert capfd.readouterr().err == "boom\nafter\n"
+
+
+def test_a_filter_needs_the_stream_uncaptured():
+    with pytest.raises(ValueError, match="capture=None"):
+        processes.run(python("pass"), timeout_s=BOUND_S, stderr_filter=processes.LineFilter())
+
+
+def test_after_ctrl_c_a_child_in_this_session_is_still_shown_until_it_ends(tmp_path):
+    # A supervisor in a session of its own runs a child in its session, its stderr filtered; INT
+    # to that session (a terminal's Ctrl-C) reaches both: the child says goodbye after a while.
+    ready = tmp_path / "ready"
+    supervisor = f"""
+        import sys
+        from hvd_train.core import processes
+        child = '''
+        import signal, sys, time
+        def bye(*_):
+            time.sleep(0.5)
+            sys.stderr.write("child: bye\\\\n")
+            sys.exit(5)
+        signal.signal(signal.SIGINT, bye)
+        open({str(ready)!r}, "w").close()
+        time.sleep(60)
+        '''
+        processes.run(
+            [sys.executable, "-c", child],
+            capture=None,
+            new_session=False,
+            stderr_filter=processes.LineFilter(),
+        )
+    """
+
+    def interrupt(proc) -> None:
+        assert wait_until(ready.exists), "the child never got ready"
+        os.killpg(proc.pid, signal.SIGINT)
+
+    done = processes.run(python(supervisor), timeout_s=BOUND_S, during=interrupt)
+    assert not done.timed_out and done.during is None, done.tail()
+    lines = done.output.splitlines()
+    assert "child: bye" in lines and lines[-1] == "KeyboardInterrupt", done.output
+    assert lines.index("child: bye") < lines.index("Traceback (most recent call last):")
