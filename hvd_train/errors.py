@@ -10,3 +10,10 @@ class UserError(ValueError):
 
 class ConfigError(UserError):
     """A configuration problem; the message is one line naming the key and the offending value."""
+
+
+def everywhere(err: Exception) -> Exception:
+    """Mark `err` as raised alike on every rank, after a collective told them all: the CLI shows
+    it on rank 0 only, so a job prints its error once."""
+    err.everywhere = True  # type: ignore[attr-defined]
+    return err

@@ -3,8 +3,8 @@
 Ranks launched with different configs (a stale file on one host, an `--set` given to some
 processes of an MPMD launch), different software, or models of different shapes would otherwise
 train nonsense or hang in a collective of mismatched sizes. At start every rank sends a fingerprint
-of each; every rank compares them with rank 0's and raises the same error naming the ranks that
-differ.
+of each, in two phases (the config and the versions first, the model's shapes once it is built);
+every rank compares them with rank 0's and raises the same error naming the ranks that differ.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from hvd_train.errors import UserError
+from hvd_train.errors import UserError, everywhere
 
 
 class InconsistentRanks(UserError):
@@ -26,13 +26,16 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def fingerprint(config: dict[str, Any], versions: dict[str, Any], shapes: list[Any]) -> dict:
-    """What must be equal on every rank: the resolved config, the versions, the variable shapes."""
-    return {
-        "config": digest(config),
-        "versions": versions,
-        "model variable shapes": digest(shapes),
-    }
+def job_fingerprint(config: dict[str, Any], versions: dict[str, Any]) -> dict:
+    """What must be equal on every rank before any collective that depends on the config: the
+    resolved config and the versions."""
+    return {"config": digest(config), "versions": versions}
+
+
+def model_fingerprint(shapes: list[Any]) -> dict:
+    """What must be equal on every rank before any collective that depends on the model: the
+    shapes of its variables (those all ranks agree on: not the per-rank random state)."""
+    return {"model variable shapes": digest(shapes)}
 
 
 HINTS = {
@@ -46,14 +49,17 @@ def compare(prints: list[dict]) -> None:
     """Check every rank's fingerprint against rank 0's.
 
     Raises:
-      InconsistentRanks: the first item that differs, the ranks with it, and what to do.
+      InconsistentRanks: the first item that differs, the ranks with it, and what to do (raised
+        alike on every rank).
     """
     for item in prints[0]:
         differ = [r for r, p in enumerate(prints) if p.get(item) != prints[0][item]]
         if differ:
             shown = ", ".join(str(r) for r in differ)
             theirs, ours = prints[differ[0]].get(item), prints[0][item]
-            raise InconsistentRanks(
-                f"rank(s) {shown} differ from rank 0 in their {item} ({theirs} vs {ours}): "
-                f"{HINTS[item]}"
+            raise everywhere(
+                InconsistentRanks(
+                    f"rank(s) {shown} differ from rank 0 in their {item} ({theirs} vs {ours}): "
+                    f"{HINTS[item]}"
+                )
             )

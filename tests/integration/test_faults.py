@@ -205,15 +205,51 @@ def test_a_rank_crashing_in_native_code_prints_its_python_stack_and_ends_the_job
     print(f"a rank's SIGSEGV: job ended with exit {job.returncode} after {job.seconds:.1f}s")
 
 
-def test_ranks_started_with_different_configs_fail_naming_the_rank(tmp_path):
+# A builder whose model depends on the rank: the same config everywhere, another model on rank 1.
+RANK_MODEL = """
+import os
+import models
+
+
+@models.register("rank_dependent")
+def build(input_shape, num_classes):
+    \"\"\"One more hidden unit on rank 1.\"\"\"
+    import keras
+
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "0")))
+    inputs = keras.Input(input_shape)
+    hidden = keras.layers.Dense(8 + (rank == 1))(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(hidden))
+"""
+
+# What rank 1 gets that rank 0 does not: keys whose collectives (the watchdog's address, the
+# data-cache vote) would otherwise run on one rank only, and a model of other shapes.
+RANK1_DIFFERS = {
+    "seed": (["--set", "train.seed=2"], "config"),
+    "watchdog": (["--set", "fault.watchdog=false"], "config"),
+    "data-cache": (["--set", "data.cache=false"], "config"),
+    "model": ([], "model variable shapes"),
+}
+
+
+@pytest.mark.parametrize("what", RANK1_DIFFERS)
+def test_ranks_started_with_different_configs_fail_naming_the_rank(tmp_path, what):
     run_dir = tmp_path / "run"
+    model_file = tmp_path / "rank_models.py"
+    model_file.write_text(RANK_MODEL)
     base = [*HVD_TRAIN, *TRAIN, "--set", f"run_dir={run_dir}"]
+    if what == "model":
+        base += ["--set", f"model.file={model_file}", "--set", "model.name=rank_dependent"]
+    extra, item = RANK1_DIFFERS[what]
     # MPMD: two programs in one job, rank 1 started with another config.
-    argv = launch.build("mpirun", 2, [*base, "--set", "train.seed=1"])
+    argv = launch.build("mpirun", 2, base)
     argv[argv.index("-np") + 1] = "1"
-    argv += [":", "-np", "1", *base, "--set", "train.seed=2"]
-    job = run(argv, timeout=300)
+    argv += [":", "-np", "1", *base, *extra]
+    job = run(argv, timeout=120)  # a hang in mismatched collectives fails here
 
     assert job.returncode == 2, job.tail()
-    assert "hvd-train: error: rank(s) 1 differ from rank 0 in their config" in job.output
+    errors = [line for line in job.output.splitlines() if "hvd-train: error:" in line]
+    assert len(errors) == 1, job.tail()  # rank 0's: every rank raised it, one shows it
+    assert errors[0].startswith(f"hvd-train: error: rank(s) 1 differ from rank 0 in their {item} (")
     assert not (run_dir / "checkpoints").exists()
+    print(f"rank 1 with another {what}: exit 2 after {job.seconds:.1f}s")
