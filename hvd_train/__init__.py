@@ -7,6 +7,7 @@ The public API for a user's own `model.fit()` code:
     opt = hvd_train.DistributedOptimizer(keras.optimizers.SGD(lr))
     model.compile(optimizer=opt, ...)
     model.fit(..., callbacks=hvd_train.distributed_callbacks())
+    hvd_train.evaluate(model, x_test, y_test)          # every rank: one exact result over all
 
 Names resolve on first use, so `import hvd_train` loads neither TensorFlow nor Horovod (the CLI
 checks its arguments before paying for them). Submodules: `hvd_train.callbacks` (Keras callbacks),
@@ -50,8 +51,10 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time, resolved o
     from hvd_train.data import shard_dataset
     from hvd_train.keras.layers import SyncBatchNormalization, convert_sync_batchnorm
     from hvd_train.keras.optimizer import DistributedOptimizer
+    from hvd_train.keras.randomness import rank_seed
     from hvd_train.keras.schedules import scaled_warmup_schedule
     from hvd_train.keras.state import broadcast_model_state
+    from hvd_train.training.evaluation import evaluate
 
 __version__ = "0.1.0"
 
@@ -70,6 +73,7 @@ _EXPORTS = {
     "Compression": "hvd_train.comm",
     "DistributedOptimizer": "hvd_train.keras.optimizer",
     "broadcast_model_state": "hvd_train.keras.state",
+    "rank_seed": "hvd_train.keras.randomness",
     "SyncBatchNormalization": "hvd_train.keras.layers",
     "convert_sync_batchnorm": "hvd_train.keras.layers",
     "scaled_warmup_schedule": "hvd_train.keras.schedules",
@@ -84,6 +88,7 @@ _EXPORTS = {
     "shard_dataset": "hvd_train.data",
     "resolve_batch_sizes": "hvd_train.core.scaling",
     "scaled_learning_rate": "hvd_train.core.scaling",
+    "evaluate": "hvd_train.training.evaluation",
 }
 _SUBMODULES = ("callbacks", "comm", "data")
 
@@ -110,11 +115,13 @@ __all__ = [
     "cross_size",
     "data",
     "distributed_callbacks",
+    "evaluate",
     "init",
     "is_chief",
     "local_rank",
     "local_size",
     "rank",
+    "rank_seed",
     "resolve_batch_sizes",
     "scaled_learning_rate",
     "scaled_warmup_schedule",

@@ -1,4 +1,5 @@
-"""Keras callbacks that every distributed fit() needs: thin classes over `hvd_train.dist`."""
+"""Keras callbacks that every distributed fit() needs: thin classes over `hvd_train.keras` and
+`hvd_train.comm`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import keras
 
 from hvd_train import comm
 from hvd_train.core import faults
+from hvd_train.errors import everywhere
 from hvd_train.keras import compat
+from hvd_train.keras.metrics import report_locally, report_over_ranks
 from hvd_train.keras.optimizer import check_optimizer, traces_collectives
 from hvd_train.keras.state import (
     average_non_trainable,
     broadcast_model_state,
-    reduce_metrics_over_ranks,
     weights_digest,
 )
 from hvd_train.keras.stop import request_stop, stop_agreed
@@ -67,14 +69,23 @@ class BroadcastInitialState(keras.callbacks.Callback):
 
 
 class AverageMetrics(keras.callbacks.Callback):
-    """Report metrics over all ranks, exactly: states (sums, counts) are summed, then the results
-    computed (`reduce_metrics_over_ranks`). Installed before fit reports anything, so the
-    progress bar's epoch line, History, CSV, TensorBoard, EarlyStopping and checkpoint monitors all
-    see the global values, whatever their place in the callback list."""
+    """Make the metrics this fit() reports global and exact: at each epoch's end and at the end of
+    its validation, the metric states (sums, counts) are summed over ranks and the results computed
+    from the sums (`hvd_train.keras.metrics.report_over_ranks`), so the progress bar's epoch line,
+    History, CSV, TensorBoard, EarlyStopping and checkpoint monitors all see the global values,
+    whatever their place in the callback list.
 
-    def set_model(self, model: Any) -> None:
-        super().set_model(model)
-        reduce_metrics_over_ranks(model)
+    On every rank (the sum is a collective that fit runs on every rank). Only fit's own reports
+    change, from its start to its end: `model.get_metrics_result()` stays local (a callback on
+    rank 0 alone may call it), and so do the `evaluate` and `predict` a user calls, after fit (a
+    rank-0-only test evaluation) or from a callback; `hvd_train.evaluate` is the collective one.
+    """
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        report_over_ranks(self.model, owner=self)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        report_locally(self.model, owner=self)
 
 
 class AverageNonTrainable(keras.callbacks.Callback):
@@ -152,8 +163,9 @@ class StopAtAgreedStep(_InEpoch):
 class StepCheckpoint(_InEpoch):
     """A checkpoint every `every` steps inside epochs (bounds the work a dead rank loses).
 
-    On every rank: BatchNorm statistics are averaged first (a collective); `write(epoch, step)`
-    is rank 0's writer (None elsewhere).
+    On every rank: BatchNorm statistics are averaged first (a collective), then `write(epoch,
+    step)` is called on every rank (the trainer's writes on rank 0 and tells every rank whether
+    that failed, a collective); None: no file is written.
     """
 
     def __init__(self, every: int, steps_per_epoch: int, write: Any) -> None:
@@ -205,13 +217,16 @@ class CheckWeights(keras.callbacks.Callback):
         self._steps += 1
         if self._steps % self.every:
             return
-        # The trainable variables only: BatchNorm statistics differ between their averagings.
+        # The trainable variables only: BatchNorm statistics differ between their averagings,
+        # and random state differs by design.
         digest = weights_digest(self.model.trainable_variables)
         digests = comm.allgather_object(digest, name="hvd_train.weights")
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
         if differ:
             names = ", ".join(map(str, differ))
-            raise faults.Diverged(
-                f"weights diverged after {self._steps} steps of this launch: rank(s) {names} "
-                f"differ from rank 0 (sha256 {digests[differ[0]][:12]} vs {digests[0][:12]})"
+            raise everywhere(
+                faults.Diverged(
+                    f"weights diverged after {self._steps} steps of this launch: rank(s) {names} "
+                    f"differ from rank 0 (sha256 {digests[differ[0]][:12]} vs {digests[0][:12]})"
+                )
             )

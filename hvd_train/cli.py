@@ -9,16 +9,18 @@ codes (a stalled or lost rank, diverged weights, a preempted run) are in `hvd_tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hvd_train import doctor
 from hvd_train.core import config as config_lib
-from hvd_train.core import environment, faults, launch, outcome, rundir
+from hvd_train.core import environment, faults, inject, launch, outcome, rundir
 from hvd_train.errors import UserError
 
 
@@ -65,8 +67,13 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
     return parser.parse_args(argv)
 
 
-def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace, object]:
+def check_train_args(
+    argv: Sequence[str], size: int, log_notes: bool = True
+) -> tuple[argparse.Namespace, object]:
     """Parse and check a `train` command line for `size` workers, without TensorFlow.
+
+    `log_notes`: log the config's notes (a null section means its defaults); one process of a
+    job says them.
 
     Raises:
       UsageError, config_lib.ConfigError: the one line to show.
@@ -78,7 +85,8 @@ def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace
         raise UsageError("--resume and --overwrite exclude each other")
     if args.elastic and (args.resume or args.stop_after_epochs is not None):
         raise UsageError("--elastic takes neither --resume nor --stop-after-epochs")
-    config = config_lib.load(args.config, args.set)
+    config = config_lib.load(args.config, args.set, log_notes=log_notes)
+    inject.plan()  # a bad HVD_TRAIN_FAIL_IN fails here, before any worker starts
     config_lib.validate(config, size)
     if args.elastic:
         config_lib.check_elastic(config)
@@ -95,12 +103,15 @@ def check_train_args(argv: Sequence[str], size: int) -> tuple[argparse.Namespace
 
 def cmd_train(argv: Sequence[str]) -> int:
     launcher = environment.read(os.environ)
-    args, config = check_train_args(argv, launcher.size or 1)
-    if launcher.rank == 0:  # only rank 0 writes, so only rank 0 checks
-        rundir.prepare(config.run_dir, args.resume, args.overwrite)
+    args, config = check_train_args(argv, launcher.size or 1, log_notes=launcher.rank == 0)
+    alone = (launcher.size or 1) == 1
+    if alone:
+        _check_on_rank0(args, config)  # before TensorFlow: no other rank to tell
     if args.elastic:
         from hvd_train.training import elastic
 
+        if launcher.rank == 0 and not alone:
+            _check_on_rank0(args, config)  # no collective may come before the first sync
         result = elastic.train_elastic(
             config, Path(config.run_dir), argv=["hvd-train", "train", *argv]
         )
@@ -111,6 +122,8 @@ def cmd_train(argv: Sequence[str]) -> int:
             config,
             Path(config.run_dir),
             resume=args.resume,
+            overwrite=args.overwrite,
+            prepared=alone,
             stop_after_epochs=args.stop_after_epochs,
             argv=["hvd-train", "train", *argv],
         )
@@ -132,32 +145,48 @@ def cmd_train(argv: Sequence[str]) -> int:
     return outcome.EXIT_CODES[result.status]
 
 
+def _check_on_rank0(args: argparse.Namespace, config: Any) -> None:
+    """Rank 0's checks of what only it reads first and writes: the data files (before the run
+    directory exists, so that a missing file leaves none behind), then the run directory."""
+    from hvd_train.data import sources
+
+    sources.check(config.data)
+    rundir.prepare(config.run_dir, args.resume, args.overwrite)
+
+
 def cmd_launch(argv: Sequence[str]) -> int:
     parser = launch.make_parser("hvd-train launch")
     parser.__class__ = _Parser
     args, command = launch.parse(parser, argv)
     if command[:1] != ["train"]:
         raise UsageError("hvd-train launch: the job after -- must be: train [train options]")
-    _, config = check_train_args(command[1:], args.np)  # fail here, before any worker starts
+    # Fail here, before any worker starts; the ranks' rank 0 says the config's notes.
+    _, config = check_train_args(command[1:], args.np, log_notes=False)
     full = [sys.executable, "-m", "hvd_train.cli", *command]
     if args.dry_run:
         return launch.execute(parser, args, full)
     started = time.time()
-    code = launch.supervise(parser, args, full)
-    return _launch_exit_code(code, Path(config.run_dir) / "status.json", started)
+    launched = launch.supervise(parser, args, full)
+    status_file = Path(config.run_dir) / "status.json"
+    return _launch_exit_code(
+        launched.exit_code, status_file, started, error_shown=launched.error_shown
+    )
 
 
-def _launch_exit_code(code: int, status_file: Path, started: float) -> int:
+def _launch_exit_code(
+    code: int, status_file: Path, started: float, *, error_shown: bool = False
+) -> int:
     """The launcher's exit code, or the job's own where the launcher hides it (horovodrun ends
-    with 1 whatever its ranks returned): rank 0's status.json of this launch tells."""
+    with 1 whatever its ranks returned): rank 0's status.json of this launch tells; without one,
+    a rank's `hvd-train: error:` line (`error_shown`) means a bad input, exit 2."""
     if code == 0:
         return 0
     try:
         status = json.loads(status_file.read_text())
     except (OSError, ValueError):
-        return code
-    if status.get("time", 0) < started:
-        return code  # an earlier launch's
+        status = {}
+    if status.get("time", 0) < started:  # none, or an earlier launch's
+        return outcome.EXIT_USAGE if error_shown and code == 1 else code
     mapped = outcome.exit_code(str(status.get("status")))
     return code if mapped is None or mapped == outcome.EXIT_OK else mapped
 
@@ -263,11 +292,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[argv[0]][0](argv[1:])
     except (UsageError, UserError) as err:
-        print(f"hvd-train: error: {err}", file=sys.stderr)
+        _show(err)
         return outcome.EXIT_USAGE
     except faults.JobFailure as err:
-        print(f"hvd-train: error: {err}", file=sys.stderr, flush=True)
+        _show(err)
         return err.exit_code
+
+
+def _show(err: Exception) -> None:
+    """The error's one line; an error every rank raised alike (`errors.everywhere`) only on
+    rank 0, so that the job shows it once, and no rank exits before rank 0 has shown it (the
+    launcher would end rank 0 when the first rank leaves)."""
+    everywhere = getattr(err, "everywhere", False)
+    if not everywhere or environment.launcher_rank(os.environ) == 0:
+        sys.stderr.write(f"hvd-train: error: {err}\n")  # one write: launchers tag whole writes
+        sys.stderr.flush()
+    if everywhere and "horovod" in sys.modules:
+        from hvd_train import comm
+
+        if comm.is_initialized() and comm.size() > 1:
+            # Ordering only: a job whose collectives fail already ends by the launcher.
+            with contextlib.suppress(Exception):
+                comm.barrier()
 
 
 if __name__ == "__main__":

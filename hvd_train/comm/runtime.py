@@ -193,6 +193,11 @@ def build_info() -> dict[str, bool]:
     return backend.build_info()
 
 
+def is_initialized() -> bool:
+    """True once Horovod runs in this process (after `init`, before `shutdown`)."""
+    return backend.is_started()
+
+
 def shutdown() -> None:
     """End Horovod on every rank at one point (call it on every rank): a barrier, then the shutdown
     (under mpirun, Horovod's background thread finalizes MPI).

@@ -202,8 +202,8 @@ def validation_shard(
     """This rank's 1/size of the validation data (strided; sizes may differ by one sample).
 
     No collective runs during evaluation, so ranks may take different numbers of steps; the
-    metric states are summed over ranks afterwards (`dist.reduce_metrics_over_ranks`), which makes
-    the result exactly that of one process on all the data.
+    metric states are summed over ranks afterwards (`keras.metrics.reduce_metrics_over_ranks`),
+    which makes the result exactly that of one process on all the data.
 
     Raises:
       DataError: arrays of different lengths, a rank outside 0..size - 1, or fewer validation

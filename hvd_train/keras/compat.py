@@ -20,6 +20,10 @@ KERAS_MAJOR = int(keras.__version__.split(".")[0])
 CLASSIC = KERAS_MAJOR == 2
 NAME = "classic" if CLASSIC else "modern"
 
+# The trainer's internal report of the metrics (a method of Model, given the last step's logs):
+# what fit calls at each epoch's end and evaluate at its end, also for fit's validation.
+METRICS_REPORT = "_validate_and_get_metrics_result" if CLASSIC else "_get_metrics_result_or_logs"
+
 
 def value(variable: Any) -> tf.Tensor:
     """A variable's current value as a tensor (a snapshot: later assignments do not change it)."""
@@ -84,3 +88,11 @@ def loss_scale(optimizer: Any) -> float:
 def is_loss_scale_optimizer(optimizer: Any) -> bool:
     """True for Keras's LossScaleOptimizer (what the mixed_float16 policy compiles in)."""
     return isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+
+
+def tf_global_seed() -> int | None:
+    """TensorFlow's global seed (`tf.random.set_seed`), or None when none was set."""
+    # tf.random has no public getter; random_seed.get_seed would also draw an op seed.
+    from tensorflow.python.eager import context
+
+    return context.global_seed()

@@ -65,8 +65,9 @@ from hvd_train.core import checkpoint as ckpt
 from hvd_train.core import config as config_lib
 from hvd_train.core.config import Config
 from hvd_train.keras import compat
-from hvd_train.keras.state import broadcast_model_state, weights_digest
+from hvd_train.keras.state import agreed_variables, broadcast_model_state, weights_digest
 from hvd_train.training import records, setup
+from hvd_train.training.chief import ChiefFiles, ChiefWriters
 from hvd_train.training.setup import Result
 from hvd_train.training.writers import file_writers
 
@@ -278,7 +279,7 @@ def _train(state: TrainingState, job: _Job) -> Result:
         "rank": rank,
         "pid": os.getpid(),
         "host": os.environ.get("HOROVOD_HOSTNAME", socket.gethostname()),
-        "weights": weights_digest(model.variables)[:16],
+        "weights": weights_digest(agreed_variables(model))[:16],
     }
     workers = comm.allgather_object(worker, name="hvd_train.elastic.workers")
     rate = compat.learning_rate(model.optimizer)
@@ -291,22 +292,30 @@ def _train(state: TrainingState, job: _Job) -> Result:
         rate,
     )
 
+    # Rank 0's files, in sections every rank passes through (`training.chief`): a failed write
+    # ends every worker with the file's name.
+    files = ChiefFiles(job.run_dir)
+    events = job.run_dir / EVENTS
+
     def record_commit(committed: TrainingState) -> None:
-        if chief:
+        def append() -> None:
             done = dataclasses.asdict(committed.progress)
             updates_now = int(model.optimizer.iterations.numpy())
             _append_event(
                 job.run_dir, {"event": "commit", "size": size, **done, "updates": updates_now}
             )
 
+        files.write(events, append)  # every rank commits at the same step
+
     state.on_commit = record_commit
-    if chief:
-        start = {"event": "start", "size": size, **dataclasses.asdict(progress), "updates": updates}
-        batches = {"global_batch_size": global_batch, "steps_per_epoch": steps}
-        _append_event(job.run_dir, {**start, **batches, "learning_rate": rate, "workers": workers})
+    start = {"event": "start", "size": size, **dataclasses.asdict(progress), "updates": updates}
+    batches = {"global_batch_size": global_batch, "steps_per_epoch": steps}
+    start |= {**batches, "learning_rate": rate, "workers": workers}
+    files.write(events, lambda: _append_event(job.run_dir, start))
 
     commit = _Commit(state, global_batch, config.elastic.commit_every_steps)
-    callbacks = [*distributed_callbacks(), commit, *(_writers(job, size, steps) if chief else [])]
+    writers = files.write(job.run_dir / "metrics.json", lambda: _writers(job, size, steps)) or []
+    callbacks = [*distributed_callbacks(), commit, ChiefWriters(files, writers)]
     callbacks.append(_CheckHosts(state))
     val_ds = data.validation_dataset(job.source, per_rank_batch, rank, size)
     while state.progress.epoch < train_cfg.epochs:
@@ -339,7 +348,9 @@ def _train(state: TrainingState, job: _Job) -> Result:
             shuffle=False,  # the sharded dataset reshuffles itself every epoch
         )
         job.history += records.history_records(fit.history)
-    final = model.evaluate(val_ds, return_dict=True, verbose=0)
+    from hvd_train.training.evaluation import evaluate
+
+    final = evaluate(model, val_ds)  # every rank: the metric states are summed over ranks
     return Result(
         epochs_done=train_cfg.epochs,
         history=job.history,

@@ -20,12 +20,13 @@ from typing import Any
 from hvd_train import comm
 from hvd_train.core import checkpoint as ckpt
 from hvd_train.core import config as config_lib
-from hvd_train.core import faults, guards
+from hvd_train.core import faults
 from hvd_train.core.config import Config
 from hvd_train.core.outcome import Status
-from hvd_train.errors import UserError
+from hvd_train.errors import UserError, everywhere
 from hvd_train.keras import compat
 from hvd_train.training import records, setup
+from hvd_train.training import start as job_start
 from hvd_train.training.setup import Result
 
 log = logging.getLogger("hvd_train")
@@ -36,6 +37,8 @@ def train_and_evaluate(
     run_dir: Path,
     *,
     resume: bool = False,
+    overwrite: bool = False,
+    prepared: bool = False,
     stop_after_epochs: int | None = None,
     argv: list[str] | None = None,
 ) -> Result:
@@ -43,9 +46,13 @@ def train_and_evaluate(
 
     Args:
       config: a validated `hvd_train.core.config.Config`.
-      run_dir: prepared by `hvd_train.core.rundir.prepare` on rank 0 (others never write there).
+      run_dir: prepared by rank 0 (`hvd_train.core.rundir.prepare`) once every rank is known to
+        run the same config and the data are there; the other ranks never write there.
       resume: continue from the newest valid checkpoint in run_dir (rank 0 reads it, then
         broadcasts: other ranks need no access to the files).
+      overwrite: replace an existing hvd_train run in run_dir.
+      prepared: the data were checked and run_dir prepared already (a one-worker job does that
+        before TensorFlow starts).
       stop_after_epochs: train at most this many epochs in this launch (the schedule still spans
         config.train.epochs), checkpoint, and return; resume later.
       argv: the command line, saved with the run.
@@ -54,15 +61,22 @@ def train_and_evaluate(
       The run's history and final (global) metrics.
 
     Raises:
-      UserError: a model, data or checkpoint problem (one line; the same on every rank).
+      UserError: a config, model, data, run directory or checkpoint problem (one line; the same
+        on every rank).
     """
     started = time.monotonic()
     # First: a signal from now on stops the job at an agreed step instead of killing this rank.
     stop = faults.StopRequest(config.fault.stop_signals)
-    comm.init(step_ms=config.train.step_ms)
-    setup.configure_logging(comm.rank())
-    watchdog = _start_watchdog(config.fault, run_dir)
+    watchdog = None
     try:
+        comm.init(step_ms=config.train.step_ms)
+        setup.configure_logging(comm.rank())
+        # Before any collective that only some settings run (the watchdog's, the data-cache
+        # vote): ranks started differently get the error instead of a hang.
+        job_start.agree_on_job(config)
+        if not prepared:
+            job_start.prepare_on_chief(config, run_dir, resume, overwrite)
+        watchdog = _start_watchdog(config.fault, run_dir)
         return _train(
             config, run_dir, resume, stop_after_epochs, argv or [], started, stop, watchdog
         )
@@ -107,20 +121,36 @@ def _train(
     train_ds, steps = epochs_from(start.epoch)
     val_ds = data.validation_dataset(source, per_rank_batch, comm.rank(), size)
     model = _build_and_compile(config, source, global_batch, steps)
-    _check_consistency(config, model)
+    job_start.check_model(model)  # before the first collective that depends on the model
     _restore_everywhere(model, start.checkpoint)
 
-    writers: list[Any] = []
-    if chief:
-        records.record_launch(run_dir, config, argv, size, initial_epoch=start.epoch)
-        best = (start.meta or {}).get("best")
-        writers = _writers(config, run_dir, size, steps, best)
-    write_checkpoint = _checkpoint_writer(writers[0] if writers else None, watchdog)
+    from hvd_train.training.chief import ChiefFiles, ChiefWriters
+
+    # Rank 0's files are written in sections every rank passes through: a failed write ends the
+    # job on every rank with the file's name, instead of leaving the others in a collective.
+    files = ChiefFiles(run_dir)
+    files.write(
+        run_dir / "launches.jsonl",
+        lambda: records.record_launch(run_dir, config, argv, size, initial_epoch=start.epoch),
+    )
+    best = (start.meta or {}).get("best")
+    # Rank 0's writers (metrics.json is read to be continued); none elsewhere.
+    writers: list[Any] = (
+        files.write(run_dir / "metrics.json", lambda: _writers(config, run_dir, size, steps, best))
+        or []
+    )
+    write_checkpoint = _checkpoint_writer(files, writers[0] if writers else None, watchdog)
     fault_callbacks, in_epoch = _fault_callbacks(config, steps, stop, watchdog, write_checkpoint)
     from hvd_train.callbacks import distributed_callbacks
 
-    # Collectives on every rank first, then the fault handling, then rank 0's writers.
-    callbacks = [*distributed_callbacks(), *fault_callbacks, *in_epoch, *writers]
+    # Collectives on every rank first, then the fault handling, then rank 0's writers (on every
+    # rank: they agree on the outcome of rank 0's writes at epoch ends).
+    callbacks = [
+        *distributed_callbacks(),
+        *fault_callbacks,
+        *in_epoch,
+        ChiefWriters(files, writers),
+    ]
 
     last_epoch = config.train.epochs
     if stop_after_epochs is not None:
@@ -217,13 +247,6 @@ def _build_and_compile(config: Config, source: Any, global_batch: int, steps: in
     return model
 
 
-def _check_consistency(config: Config, model: Any) -> None:
-    """Ranks started with another config, software or model fail here, by name, on every rank."""
-    shapes = [list(v.shape) for v in model.variables]
-    fingerprint = guards.fingerprint(config_lib.to_dict(config), records.versions(), shapes)
-    guards.compare(comm.allgather_object(fingerprint, name="hvd_train.fingerprint"))
-
-
 def _restore_everywhere(model: Any, checkpoint: Any) -> None:
     """Rank 0 puts the checkpoint into the model; every rank learns whether that failed (the
     values themselves reach the others with the start-of-training broadcast)."""
@@ -236,7 +259,7 @@ def _restore_everywhere(model: Any, checkpoint: Any) -> None:
     # Every rank must learn of rank 0's failure, or they would wait for it in a collective.
     error = comm.broadcast_object(error, name="hvd_train.restore_error")
     if error:
-        raise ckpt.CheckpointError(error)
+        raise everywhere(ckpt.CheckpointError(error))
 
 
 def restore(model: Any, checkpoint: Any) -> None:
@@ -271,16 +294,22 @@ def _writers(config: Config, run_dir: Path, size: int, steps: int, best: Any) ->
 
 
 def _checkpoint_writer(
-    writer: Any, watchdog: faults.Watchdog | None
-) -> Callable[[int, int], Path] | None:
-    """Rank 0's `write(epoch, step)` of a checkpoint now (None elsewhere); the watchdogs wait
-    while it writes."""
-    if writer is None:
-        return None
+    files: Any, writer: Any, watchdog: faults.Watchdog | None
+) -> Callable[[int, int], Path | None]:
+    """`write(epoch, step)`: a checkpoint now, on every rank (collective: rank 0's `writer`
+    writes while the watchdogs wait, then every rank learns whether that failed,
+    `ChiefFiles.write`). Returns its directory on rank 0, None elsewhere; one already there is
+    kept (a stop at the step of a step checkpoint)."""
 
-    def write(epoch: int, step: int) -> Path:
+    def write_on_chief(path: Path, epoch: int, step: int) -> Path:
+        if path.exists():
+            return path
         with watchdog.busy() if watchdog is not None else contextlib.nullcontext():
             return writer.write(epoch, step)
+
+    def write(epoch: int, step: int) -> Path | None:
+        path = files.run_dir / "checkpoints" / ckpt.epoch_dir_name(epoch, step)
+        return files.write(path, lambda: write_on_chief(path, epoch, step))
 
     return write
 
@@ -290,7 +319,7 @@ def _fault_callbacks(
     steps: int,
     stop: faults.StopRequest,
     watchdog: faults.Watchdog | None,
-    write_checkpoint: Callable[[int, int], Path] | None,
+    write_checkpoint: Callable[[int, int], Path | None],
 ) -> tuple[list[Any], list[Any]]:
     """Fault handling, on every rank: the watchdog's feed (local) and the weight check, then the
     callbacks that know the step inside the epoch (a checkpoint every N steps, the agreed stop),
@@ -338,7 +367,7 @@ def _ended_early(
     model: Any,
     run_dir: Path,
     steps: int,
-    write_checkpoint: Callable[[int, int], Path] | None,
+    write_checkpoint: Callable[[int, int], Path | None],
     history: dict[str, list[float]],
     started: float,
     watchdog: faults.Watchdog | None,
@@ -350,8 +379,7 @@ def _ended_early(
     if isinstance(err, Preempted):
         return _preempted(err, model, run_dir, steps, write_checkpoint, history, started)
     if isinstance(err, faults.Diverged):
-        if comm.is_chief():
-            records.write_status(run_dir, Status.DIVERGED, message=str(err))
+        _record_failure(run_dir, Status.DIVERGED, str(err))
         raise err
     if isinstance(err, faults.JobFailure | UserError):
         raise err
@@ -360,9 +388,19 @@ def _ended_early(
     if lost is None:
         raise err
     message = f"lost {lost}; the collective failed with: {_cause(err)}"
-    if comm.is_chief():
-        records.write_status(run_dir, Status.LOST, message=message)
+    _record_failure(run_dir, Status.LOST, message)
     raise faults.RankLost(message) from err
+
+
+def _record_failure(run_dir: Path, status: Status, message: str) -> None:
+    """Rank 0 records how the job failed, if it can (no collective: a rank may be gone, and
+    every rank raises the job's own error next)."""
+    if not comm.is_chief():
+        return
+    try:
+        records.write_status(run_dir, status, message=message)
+    except OSError as err:
+        log.warning("status.json not written: %s", err)
 
 
 def _finish(
@@ -377,16 +415,28 @@ def _finish(
     last_epoch: int,
     started: float,
 ) -> Result:
-    """The final evaluation (every rank: metrics are reduced) and rank 0's plot and status."""
-    if comm.is_chief() and plan:
+    """The final evaluation (every rank: metrics are reduced) and rank 0's plot and status, each
+    a section every rank passes through (`ChiefFiles.write`)."""
+    from hvd_train.training.chief import ChiefFiles
+
+    files = ChiefFiles(run_dir)
+
+    def plot() -> None:
         from hvd_train import plots
 
         plots.training_curves(run_dir / "metrics.json", run_dir / "metrics.png")
+
+    if plan:
+        files.write(run_dir / "metrics.png", plot)
     if not plan:
         log.info("nothing to train: the run already finished %d epochs", config.train.epochs)
-    final = model.evaluate(val_ds, return_dict=True, verbose=0)
-    if comm.is_chief():
-        records.write_status(run_dir, Status.FINISHED, epochs=last_epoch)
+    from hvd_train.training.evaluation import evaluate
+
+    final = evaluate(model, val_ds)  # every rank: the metric states are summed over ranks
+    files.write(
+        run_dir / "status.json",
+        lambda: records.write_status(run_dir, Status.FINISHED, epochs=last_epoch),
+    )
     return Result(
         epochs_done=last_epoch if start.epoch < last_epoch else config.train.epochs,
         history=records.history_records(history),
@@ -397,11 +447,22 @@ def _finish(
 
 
 def _start_watchdog(fault: config_lib.FaultConfig, run_dir: Path) -> faults.Watchdog | None:
-    """Every rank's watchdog (config.fault), or None with one worker or when switched off."""
+    """Every rank's watchdog (config.fault), or None with one worker or when switched off.
+
+    A collective: rank 0 picks its address and the job's token, and one broadcast tells all.
+    """
     if not fault.watchdog or comm.size() == 1:
         return None
-    sock, address = faults.open_socket()
-    chief_address = comm.broadcast_object(address, name="hvd_train.watchdog_address")
+    sock, contact, error = None, None, None
+    try:
+        sock, contact = faults.open_socket(comm.rank(), spans_hosts=comm.local_size() < comm.size())
+    except UserError as err:  # rank 0's choice of address: the others must learn of it
+        error = str(err)
+    contact, error = comm.broadcast_object((contact, error), name="hvd_train.watchdog_contact")
+    if error is not None:
+        if sock is not None:
+            sock.close()
+        raise everywhere(UserError(error))
     before_exit = None
     if comm.is_chief():
 
@@ -412,7 +473,7 @@ def _start_watchdog(fault: config_lib.FaultConfig, run_dir: Path) -> faults.Watc
         comm.rank(),
         comm.size(),
         sock,
-        tuple(chief_address),
+        contact,
         faults.StallRule(fault.stall_floor_s, fault.stall_factor, fault.startup_s),
         fault.heartbeat_s,
         before_exit=before_exit,
@@ -434,32 +495,35 @@ def _preempted(
     model: Any,
     run_dir: Path,
     steps: int,
-    write_checkpoint: Callable[[int, int], Path] | None,
+    write_checkpoint: Callable[[int, int], Path | None],
     history: dict[str, list[float]],
     started: float,
 ) -> Result:
-    """Every rank left fit() after the same step: checkpoint there (rank 0) and report."""
+    """Every rank left fit() after the same step: checkpoint there (rank 0) and report; the
+    checkpoint and status.json are sections every rank passes through (`ChiefFiles.write`)."""
     from hvd_train.keras.state import average_non_trainable
+    from hvd_train.training.chief import ChiefFiles
 
     epoch, step = stopped.epoch, stopped.step_in_epoch
     average_non_trainable(model)  # a collective: the same on every rank
     names = comm.allgather_object(stopped.signal_name, name="hvd_train.stop_signals")
     got = ", ".join(f"{name} on rank {r}" for r, name in enumerate(names) if name) or "stop"
-    path = None
-    if comm.is_chief():
-        # The epoch's last step: a finished epoch (its validation did not run).
-        position = (epoch, 0) if step == steps else (epoch, step)
-        path = run_dir / "checkpoints" / ckpt.epoch_dir_name(*position)
-        if not path.exists():  # a step checkpoint of the same step may be there already
-            path = write_checkpoint(*position)
-        records.write_status(
+    # The epoch's last step: a finished epoch (its validation did not run). A step checkpoint of
+    # the same step may be there already (then kept).
+    position = (epoch, 0) if step == steps else (epoch, step)
+    path = write_checkpoint(*position)  # rank 0's path; None elsewhere
+    ChiefFiles(run_dir).write(
+        run_dir / "status.json",
+        lambda: records.write_status(
             run_dir,
             Status.PREEMPTED,
             signals=got,
             epoch=epoch + 1,
             step=step,
             checkpoint=str(path),
-        )
+        ),
+    )
+    if comm.is_chief():
         log.warning(
             "%s: stopped after step %d of epoch %d on every rank; checkpoint %s; resume with "
             "--resume",

@@ -70,6 +70,13 @@ def test_a_bad_variable_is_one_line_naming_it(environ, message):
 
 def test_every_status_has_one_exit_code():
     codes = {status.value: outcome.exit_code(status.value) for status in outcome.Status}
-    assert codes == {"finished": 0, "preempted": 75, "stalled": 3, "lost": 3, "diverged": 4}
+    assert codes == {
+        "finished": 0,
+        "preempted": 75,
+        "stalled": 3,
+        "lost": 3,
+        "diverged": 4,
+        "write_failed": 74,
+    }
     assert outcome.exit_code("exploded") is None
     assert str(outcome.Status.LOST) == "lost"
