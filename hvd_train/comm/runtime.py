@@ -87,8 +87,9 @@ def init(
         )
     _tune_before_start(launcher, threads, host, gpus, step_ms)
     backend.start(process_sets)
-    physical = tf.config.list_physical_devices("GPU")
     local = topology()
+    _check_world_size(launcher.size, local.size)
+    physical = tf.config.list_physical_devices("GPU")
     if physical and pin_gpu:
         # One GPU per local rank: otherwise every rank allocates memory on GPU 0.
         gpu = physical[placement.gpu_for_local_rank(local.local_rank, len(physical))]
@@ -191,6 +192,18 @@ def controller() -> str:
 def build_info() -> dict[str, bool]:
     """What this Horovod build contains (as `horovodrun --check-build` reports)."""
     return backend.build_info()
+
+
+def _check_world_size(launched: int | None, size: int) -> None:
+    """A launcher that started N workers which Horovod did not join into one job (srun without
+    PMIx starts N one-rank jobs) would train N unrelated models, each on 1/N of its data."""
+    if launched is None or launched == size or os.environ.get("HOROVOD_ELASTIC") == "1":
+        return  # elastic: the set of workers changes by design
+    raise environment.LauncherEnvironmentError(
+        f"the launcher started {launched} workers but Horovod joined {size} of them into this "
+        "job: start them with a launcher Horovod's build joins (mpirun, horovodrun, or srun "
+        "--mpi=pmix for Open MPI; `hvd-train doctor` shows the build)"
+    )
 
 
 def is_initialized() -> bool:

@@ -301,3 +301,28 @@ def test_launch_shows_a_missing_data_file_once_and_leaves_no_run_dir(tmp_path):
     assert job.returncode == 2, job.output
     assert errors == [f"data.path: data file {missing} does not exist"], job.output
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run directory left
+
+
+def test_workers_the_launcher_started_but_horovod_did_not_join_exit_2(tmp_path):
+    """srun without PMIx starts N one-rank jobs: each would train alone on 1/N of its data."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def singleton(rank):
+        env = {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank)}
+        # Open MPI's singleton start, as root here.
+        env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        argv = [PYTHON, "-m", "hvd_train.cli", "train", "--set", f"run_dir={tmp_path}/run{rank}"]
+        return run(argv, timeout=180, env=env)
+
+    with ThreadPoolExecutor(2) as pool:
+        jobs = list(pool.map(singleton, range(2)))
+
+    for job in jobs:
+        errors = [line for line in job.output.splitlines() if line.startswith("hvd-train: error:")]
+        assert job.returncode == 2, job.tail()
+        assert errors == [
+            "hvd-train: error: the launcher started 2 workers but Horovod joined 1 of them into "
+            "this job: start them with a launcher Horovod's build joins (mpirun, horovodrun, or "
+            "srun --mpi=pmix for Open MPI; `hvd-train doctor` shows the build)"
+        ], job.tail()
+    assert not list(tmp_path.iterdir())  # no run directory left
