@@ -290,7 +290,9 @@ def test_launch_shows_the_launchers_report_of_a_rank_that_gave_no_error(tmp_path
     assert job.returncode == code and errors == [], job.output
     lines = job.output.splitlines()
     for expected in report:
-        assert [line for line in lines if line.startswith(expected)], (expected, job.output)
+        # In a line, not at its start: horovodrun's threads print into each other's lines
+        # ("Exception in thread Traceback (most recent call last):").
+        assert [line for line in lines if expected in line], (expected, job.output)
     assert not [line for line in lines if any(t in line for t in TF_START_UP)], job.output
 
 
