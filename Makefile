@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 LAUNCHER ?= mpirun
 
-.PHONY: help install train example test test-unit test-parallel bench plan lint format doctor nccl-check
+.PHONY: help install train example test test-unit test-parallel test-cluster bench plan lint format doctor nccl-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -35,6 +35,10 @@ test-parallel: ## tests/parallel on NP ranks under LAUNCHER, once (no timeout: f
 	PATH=$(VENV)/bin:$$PATH $(PY) -m hvd_train.core.launch --np $(NP) --launcher $(LAUNCHER) -- \
 	  $(PY) -m pytest tests/parallel -q -p no:cacheprovider
 
+test-cluster: ## (root) a 2-host cluster on this machine, the default job across it, then teardown
+	bash mpi_scripts/cluster/install.sh
+	timeout 1800 $(PY) -m pytest tests/cluster -v -p no:cacheprovider --durations=0
+
 bench: install ## rerun the benchmarks of the README (idle machine!): JSON + PNG in benchmarks/results
 	VENV=$(VENV) NP=$(NP) bash benchmarks/run.sh all
 
@@ -53,7 +57,7 @@ lint: ## ruff, the layer rules (import-linter), shellcheck, hadolint, the docs (
 	$(VENV)/bin/lint-imports --no-cache
 	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq shellcheck >/dev/null; } \
 	  || { echo "lint: shellcheck missing: apt-get install shellcheck"; exit 1; }
-	shellcheck mpi_scripts/*.sh mpi_scripts/slurm.sbatch tests/run.sh benchmarks/run.sh .ci/run
+	shellcheck mpi_scripts/*.sh mpi_scripts/cluster/*.sh mpi_scripts/slurm.sbatch tests/run.sh benchmarks/run.sh .ci/run
 	$(VENV)/bin/hadolint Dockerfile
 	site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(VENV)/bin/mkdocs build --strict --site-dir "$$site"
 

@@ -3,7 +3,8 @@
 # then a table of how long every stage took, so that CI's 90-minute budget stays visible. The modern
 # stack (VENV) runs every tier; the classic stack (CLASSIC_VENV: TensorFlow 2.15 + Keras 2 with
 # Horovod's own Keras optimizer) runs tests/integration/test_classic.py: the parallel suite at np=2
-# and 3, the default job, and per-step parity with the modern stack.
+# and 3, the default job, and per-step parity with the modern stack. Last, tests/cluster: the default
+# job across the hosts of a cluster made of this machine (mpi_scripts/cluster, root).
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] tests/run.sh
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,3 +43,6 @@ stage tests/integration "$VENV/bin/python" -m pytest tests/integration -v -p no:
   --durations=0 --ignore=tests/integration/test_classic.py
 stage tests/classic "$VENV/bin/python" -m pytest tests/integration/test_classic.py -v \
   -p no:cacheprovider --durations=0
+# The cluster tier: hosts as network namespaces with their own sshd (root, CAP_NET_ADMIN).
+stage install-cluster bash mpi_scripts/cluster/install.sh
+stage tests/cluster "$VENV/bin/python" -m pytest tests/cluster -v -p no:cacheprovider --durations=0
