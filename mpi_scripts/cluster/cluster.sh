@@ -38,6 +38,8 @@ MGMT_NET=198.18.2
 DECOY_ADDR=198.19.255.1/24
 MARK="# hvd_train cluster"
 NCPU=$(nproc --all)
+# Shared by every host, as on a site with one shared filesystem, also where it lies under /tmp.
+PROJECT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 say() { echo "cluster: $*"; }
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -147,12 +149,19 @@ WRAPPER
     mkdir -p "$STATE/h$n"
     # The UTS and mount namespaces are made from inside the network namespace, so that the host's
     # own sysfs (mounted below) shows its own interfaces in /sys/class/net.
+    # A project under /tmp or /dev/shm is held on a bind mount while those become private, then
+    # put back at its own path.
+    mkdir -p "$STATE/hold"
     nsenter --net="/run/netns/h$n" unshare --uts="$STATE/ns/h$n.uts" \
       --mount="$STATE/ns/h$n.mnt" --propagation private sh -euc "
         hostname h$n
+        mount --bind '$PROJECT' '$STATE/hold'
         mount -t tmpfs -o mode=1777 tmpfs /tmp
         mount -t tmpfs -o mode=1777 tmpfs /dev/shm
         mount -t tmpfs -o mode=0755 tmpfs '$STATE/scratch'
+        mkdir -p '$PROJECT'
+        mount --bind '$STATE/hold' '$PROJECT'
+        umount '$STATE/hold'
         mount -t sysfs sysfs /sys"
     run ip link add "hvdc-h${n}d" type veth peer name data0 netns "h$n"
     run ip link add "hvdc-h${n}m" type veth peer name mgmt0 netns "h$n"
