@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from hvd_train.comm import collectives
 from hvd_train.comm import horovod as backend
-from hvd_train.core import environment, placement
+from hvd_train.core import environment, network, placement
 
 log = logging.getLogger("hvd_train")
 
@@ -86,6 +86,7 @@ def init(
             placement.affinity_cpu_count(), host, launcher.local_size
         )
     _tune_before_start(launcher, threads, host, gpus, step_ms)
+    _use_job_network(launcher)
     backend.start(process_sets)
     local = topology()
     _check_world_size(launcher.size, local.size)
@@ -135,6 +136,19 @@ def _tune_before_start(
         if cycle is not None:
             os.environ[environment.CYCLE_TIME] = f"{cycle:g}"
             log.info("Horovod cycle time %g ms (Gloo, cores filled, step %g ms)", cycle, step)
+
+
+def _use_job_network(launcher: environment.Launcher) -> None:
+    """Point Open MPI and NCCL at the job's interface (`core.network`) where the user did not:
+    across hosts, Open MPI's TCP transport otherwise tries every interface, and one whose address
+    every host has (docker0) hangs the first collective."""
+    spans_hosts = None not in (launcher.local_size, launcher.size) and (
+        launcher.local_size < launcher.size
+    )
+    settings = network.rank_settings(os.environ, spans_hosts)
+    if settings:
+        os.environ.update(settings)
+        log.debug("job network: %s", " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
 
 
 def compute_threads() -> int:

@@ -10,6 +10,7 @@ settings Horovod and Open MPI read when they start.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -81,6 +82,8 @@ def read(environ: Mapping[str, str]) -> Launcher:
         if name in environ:
             local_size = _positive_int(name, environ[name], "count")
             break
+    else:
+        local_size = slurm_local_size(environ)
     return Launcher(
         rank=launcher_rank(environ),
         size=launcher_size(environ),
@@ -111,6 +114,34 @@ def launcher_size(environ: Mapping[str, str]) -> int | None:
     if "SLURM_STEP_ID" in environ and "SLURM_NTASKS" in environ:
         return _positive_int("SLURM_NTASKS", environ["SLURM_NTASKS"], "worker count")
     return None
+
+
+def slurm_local_size(environ: Mapping[str, str]) -> int | None:
+    """The tasks of this srun step on this node, or None outside a step: SLURM_STEP_TASKS_PER_NODE
+    ("2(x3),1": two tasks on each of three nodes, then one) at SLURM_NODEID, this node's index in
+    the step. (Open MPI sets its own local size only inside MPI_Init, too late for the settings
+    made before it.)
+
+    Raises:
+      LauncherEnvironmentError: a value in another format, or a node index outside it.
+    """
+    tasks, node = environ.get("SLURM_STEP_TASKS_PER_NODE"), environ.get("SLURM_NODEID")
+    if "SLURM_STEP_ID" not in environ or tasks is None or node is None:
+        return None
+    counts = []
+    for item in tasks.split(","):
+        match = re.fullmatch(r"([1-9][0-9]*)(?:\(x([1-9][0-9]*)\))?", item.strip())
+        if match is None:
+            raise LauncherEnvironmentError(
+                f"SLURM_STEP_TASKS_PER_NODE={tasks!r}: expected counts such as '2(x3),1'"
+            )
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    try:
+        return counts[int(node)]
+    except (ValueError, IndexError):
+        raise LauncherEnvironmentError(
+            f"SLURM_NODEID={node!r} is no node of SLURM_STEP_TASKS_PER_NODE={tasks!r}"
+        ) from None
 
 
 def launcher_rank(environ: Mapping[str, str]) -> int:

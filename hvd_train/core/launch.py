@@ -11,6 +11,7 @@ code; `main` is `python -m hvd_train.core.launch`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -19,10 +20,12 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from hvd_train.core import processes
+from hvd_train.core import network, processes
+from hvd_train.core.environment import LauncherEnvironmentError
 
 # Environment a rank needs from the launching shell; mpirun does not forward it by itself.
 FORWARD_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
@@ -49,6 +52,33 @@ def forwarded_env_names(environ: Mapping[str, str]) -> list[str]:
     )
 
 
+def read_hostfile(path: str | None) -> list[str] | None:
+    """The "host:slots" entries of an Open MPI hostfile ("host slots=N" lines, "# comments";
+    slots default to 1), for every launcher alike; None without a path.
+
+    Raises:
+      ValueError: an unreadable file, a line that is not "host [slots=N]", or no host.
+    """
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ValueError(f"--hostfile {path}: {err.strerror}") from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        slots = re.fullmatch(r"slots=([1-9][0-9]*)", fields[1]) if len(fields) == 2 else None
+        if len(fields) > 2 or (len(fields) == 2 and slots is None):
+            raise ValueError(f"--hostfile {path}:{number}: expected 'host slots=N', got {line!r}")
+        hosts.append(f"{fields[0]}:{slots.group(1) if slots else 1}")
+    if not hosts:
+        raise ValueError(f"--hostfile {path}: names no host")
+    return hosts
+
+
 def hosts_arg(hosts: Sequence[str] | None, np: int) -> str:
     """Horovod/Open MPI host list "a:2,b:2"; None means all `np` slots on localhost."""
     return ",".join(hosts) if hosts else f"localhost:{np}"
@@ -64,6 +94,7 @@ def mpirun_argv(
     oversubscribe: bool = False,
     ompi_major: int = 4,
     bind_to: str = "none",
+    job_network: str | None = None,
 ) -> list[str]:
     """Open MPI's mpirun command for `np` ranks of `command`.
 
@@ -77,6 +108,8 @@ def mpirun_argv(
       ompi_major: 4 or 5; the oversubscribe flag is spelled differently.
       bind_to: "none" lets each rank's TensorFlow threads use its share of the cores
         (Open MPI's default binds one core per rank, which starves multi-threaded ranks).
+      job_network: the job's network a.b.c.d/n (`core.network.for_hosts`): Open MPI's TCP
+        transport is restricted to it, and the ranks are told (HVD_TRAIN_IFACE).
 
     Raises:
       ValueError: np < 1, an empty command, or an unknown Open MPI version.
@@ -90,6 +123,12 @@ def mpirun_argv(
         argv.append("--allow-run-as-root")
     if oversubscribe:
         argv += ["--oversubscribe"] if ompi_major == 4 else ["--map-by", ":OVERSUBSCRIBE"]
+    if job_network:
+        # A network, not a name: the interface's name may differ from host to host (and mpirun's
+        # own host may have none in it). Open MPI's control channel stays Open MPI's choice, as
+        # under horovodrun: a data link that fails then leaves mpirun the way to end the job.
+        argv += ["--mca", "btl_tcp_if_include", job_network]
+        argv += ["-x", f"{network.JOB_IFACE}={job_network}"]
     for name in env_names:
         argv += ["-x", name]
     return argv + list(command)
@@ -101,10 +140,13 @@ def horovodrun_argv(
     *,
     controller: str = "gloo",
     hosts: Sequence[str] | None = None,
+    interface: str | None = None,
 ) -> list[str]:
     """horovodrun's command for `np` ranks of `command` over the Gloo or MPI controller.
 
     horovodrun passes its own environment to the ranks, so no variables are named here.
+    `interface` (the job's, `core.network.for_hosts`) goes to --network-interfaces: horovodrun
+    hands it to Gloo, Open MPI and NCCL; left to choose, it may pick another for each.
 
     Raises:
       ValueError: np < 1, an empty command, or an unknown controller.
@@ -113,7 +155,10 @@ def horovodrun_argv(
         raise ValueError(f"need np >= 1 and a command, got np={np} command={list(command)}")
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be gloo or mpi, got {controller!r}")
-    return ["horovodrun", "-np", str(np), "-H", hosts_arg(hosts, np), f"--{controller}", *command]
+    argv = ["horovodrun", "-np", str(np), "-H", hosts_arg(hosts, np), f"--{controller}"]
+    if interface:
+        argv += ["--network-interfaces", interface]
+    return [*argv, *command]
 
 
 def horovodrun_elastic_argv(
@@ -179,6 +224,7 @@ def srun_argv(
     cpus_per_task: int | None = None,
     gpus_per_task: int | None = None,
     mpi: str = "pmix",
+    job_network: str | None = None,
 ) -> list[str]:
     """SLURM's srun command for `np` ranks of `command`, inside an allocation (sbatch or salloc).
 
@@ -193,6 +239,7 @@ def srun_argv(
         so a job script passes it again.
       gpus_per_task: GPUs per rank (one per rank is Horovod's layout); None asks for none.
       mpi: SLURM's MPI plugin, "pmix" or "pmi2".
+      job_network: an interface name or network for every rank (HVD_TRAIN_IFACE, `core.network`).
 
     Raises:
       ValueError: np < 1, an empty command, nodes outside 1..np, a count < 1, an unknown plugin.
@@ -225,7 +272,7 @@ def srun_argv(
         "--cpu-bind=none",
         # srun's default, made explicit: ranks get the batch script's whole environment (venv
         # PATH, HOROVOD_*, TF_*), so, unlike mpirun, no variable is named.
-        "--export=ALL",
+        "--export=ALL" + (f",{network.JOB_IFACE}={job_network}" if job_network else ""),
         *command,
     ]
 
@@ -249,27 +296,43 @@ def build(
     cpus_per_task: int | None = None,
     gpus_per_task: int | None = None,
     mpi: str | None = None,
+    network_interface: str | None = None,
 ) -> list[str]:
-    """The argv for `launcher` on this machine (version, user and core count read here), to run
-    in `launch_env(os.environ)`.
+    """The argv for `launcher` on this machine (version, user, core count and routes read here),
+    to run in `launch_env(os.environ)`.
 
     `nodes`, `cpus_per_task`, `gpus_per_task` and `mpi` are srun's (see `srun_argv`); srun reads
     nothing from this machine, so its command can be printed where SLURM is not installed.
+    On `hosts` other than this one the job's network is chosen here (`core.network.for_hosts`:
+    `network_interface`, else the route to the hosts) and handed to the launcher; under mpirun a
+    user's own OMPI_MCA_btl_tcp_if_include stands unless `network_interface` is given.
 
     Raises:
       ValueError: an unknown launcher, hosts given to srun, srun's options given to another
         launcher, or a bad argument of the launcher's builder.
+      LauncherEnvironmentError: the job's network cannot be chosen (`core.network.for_hosts`),
+        or horovodrun would need an interface name this host lacks.
     """
     srun_options = {"nodes": nodes, "cpus_per_task": cpus_per_task, "gpus_per_task": gpus_per_task}
     if launcher == "srun":
         if hosts:
             raise ValueError("srun places ranks on the SLURM allocation; hosts are not used")
-        return srun_argv(np, command, **srun_options, mpi=mpi or "pmix")
+        return srun_argv(
+            np, command, **srun_options, mpi=mpi or "pmix", job_network=network_interface
+        )
     given = [name for name, value in srun_options.items() if value is not None]
     if mpi is not None:
         given.append("mpi")
     if given:
         raise ValueError(f"srun's options ({', '.join(given)}) do not apply to {launcher}")
+    controller = {"horovodrun": "gloo", "horovodrun-gloo": "gloo", "horovodrun-mpi": "mpi"}
+    if launcher not in ("mpirun", *controller):
+        known = ", ".join(["mpirun", *controller, "srun"])
+        raise ValueError(f"unknown launcher {launcher!r}; known: {known}")
+    user_chose = launcher == "mpirun" and bool(os.environ.get(network.MPI_TRANSPORT))
+    chosen = None
+    if network_interface or (hosts and not user_chose):
+        chosen = network.for_hosts(hosts or [], network_interface, remote_shell(launcher))
     if launcher == "mpirun":
         return mpirun_argv(
             np,
@@ -279,12 +342,44 @@ def build(
             as_root=os.geteuid() == 0,
             oversubscribe=hosts is None and np > (os.cpu_count() or 1),
             ompi_major=ompi_major_version(),
+            job_network=str(chosen.network) if chosen else None,
         )
-    controller = {"horovodrun": "gloo", "horovodrun-gloo": "gloo", "horovodrun-mpi": "mpi"}
-    if launcher not in controller:
-        known = ", ".join(["mpirun", *controller, "srun"])
-        raise ValueError(f"unknown launcher {launcher!r}; known: {known}")
-    return horovodrun_argv(np, command, controller=controller[launcher], hosts=hosts)
+    if chosen:
+        _check_one_name(chosen, hosts or [], remote_shell(launcher))
+    return horovodrun_argv(
+        np,
+        command,
+        controller=controller[launcher],
+        hosts=hosts,
+        interface=chosen.name if chosen else None,
+    )
+
+
+def _check_one_name(chosen: network.Interface, hosts: Sequence[str], shell: list[str]) -> None:
+    """horovodrun hands one interface name to its driver here and to every host: the job's
+    network must have that name everywhere."""
+    others = network.other_hosts(hosts)
+    names = {
+        h: i.name for h, i in network.probe_hosts(others, str(chosen.network), shell).items() if i
+    }
+    if not chosen.name or any(name != chosen.name for name in names.values()):
+        listed = ", ".join(f"{name} on {host}" for host, name in names.items())
+        here = chosen.name or "none"
+        raise LauncherEnvironmentError(
+            f"horovodrun looks the job's interface up by one name on this host and on every "
+            f"host, but {chosen.network} is {here} here, {listed}: run the launch on a host of "
+            "the job"
+        )
+
+
+OMPI_RSH_AGENT = "OMPI_MCA_plm_rsh_agent"
+
+
+def remote_shell(launcher: str) -> list[str]:
+    """How `launcher` reaches other hosts: Open MPI's agent (OMPI_MCA_plm_rsh_agent, its first
+    alternative; default ssh), or horovodrun's ssh from PATH."""
+    agent = os.environ.get(OMPI_RSH_AGENT, "") if launcher == "mpirun" else ""
+    return shlex.split(agent.split(":")[0]) or ["ssh"]
 
 
 LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
@@ -300,7 +395,17 @@ def make_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=LAUNCH_HELP)
     parser.add_argument("--np", type=int, default=2, help="number of ranks [2]")
     parser.add_argument("--launcher", default="mpirun", choices=LAUNCHERS)
-    parser.add_argument("--hosts", help="comma-separated host:slots; default: localhost")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--hosts", help="comma-separated host:slots; default: localhost")
+    where.add_argument(
+        "--hostfile", help="an Open MPI hostfile: one 'host slots=N' line per host (as --hosts)"
+    )
+    parser.add_argument(
+        "--network-interface",
+        metavar="IFACE",
+        help="the job's interface (a name, or a network a.b.c.d/n) for MPI, Gloo, NCCL and the "
+        "watchdog [the interface of the route to the other hosts]",
+    )
     srun = parser.add_argument_group("srun only (inside a SLURM allocation)")
     srun.add_argument("--nodes", type=int, help="nodes to spread the ranks over [allocation's]")
     srun.add_argument("--cpus-per-task", type=int, help="CPUs per rank [none asked]")
@@ -342,13 +447,14 @@ def _built(parser: argparse.ArgumentParser, args: argparse.Namespace, command: l
             args.launcher,
             args.np,
             command,
-            args.hosts.split(",") if args.hosts else None,
+            args.hosts.split(",") if args.hosts else read_hostfile(args.hostfile),
             nodes=args.nodes,
             cpus_per_task=args.cpus_per_task,
             gpus_per_task=args.gpus_per_task,
             mpi=args.mpi,
+            network_interface=args.network_interface,
         )
-    except ValueError as err:
+    except (ValueError, LauncherEnvironmentError) as err:
         parser.error(str(err))
 
 
@@ -380,6 +486,8 @@ RAW_ENV = "HVD_TRAIN_LAUNCH_RAW"  # "1": show the launcher's output unfiltered
 
 RANK_PREFIX = r"\[\d+(?:,\d+)?\]<(?:stdout|stderr)>:"
 ERROR_LINE = r"hvd-train: error: .*"  # a rank's one-line error (cli._show)
+# A rank's watchdog ending its process: the job is over (faults.Watchdog).
+WATCHDOG_ABORT_LINE = r"hvd-train: watchdog on rank \d+: .*; aborting the job \(exit \d+\)"
 
 _GLOG_INFO = r"I\d{4} \d\d:\d\d:[\d.]+ +\d+ (?:[\w./-]+/)?"
 
@@ -432,6 +540,7 @@ def _any(patterns: Sequence[str]) -> re.Pattern:
 _PREFIX = re.compile(RANK_PREFIX)
 _NOISE = _any(TF_START_UP_NOISE)
 _ERROR = re.compile(ERROR_LINE)
+_WATCHDOG_ABORT = re.compile(WATCHDOG_ABORT_LINE)
 _RULE = re.compile(MPIRUN_BOX_RULE)
 _BOX_HEAD = _any(MPIRUN_FAILURE_BOXES)
 _FAILURE_LINE = _any(HOROVODRUN_FAILURE_LINES)
@@ -448,10 +557,14 @@ class LaunchOutput:
     else it is shown once the launcher's output has ended. Every other line is shown as it comes,
     in order: a line that may open a report (a rule of dashes, an unprefixed "Traceback") waits
     until a later line tells (the next one; the exception's, for a traceback), or for the end.
+
+    `job_ending` is set at a rank's first line saying that it ends (its error line, or its
+    watchdog's abort line): from then on, the launcher has only the others to end.
     """
 
     def __init__(self) -> None:
         self.error_shown = False  # a rank printed an `hvd-train: error:` line
+        self.job_ending = threading.Event()
         self._lock = threading.Lock()
         self._streams: list[_LaunchStream] = []
 
@@ -519,8 +632,12 @@ class _LaunchStream(processes.LineFilter):
             return ""
         if _ERROR.fullmatch(content):
             self.output.error_shown = True
+            self.output.job_ending.set()
             for stream in self.output._streams:
                 stream.held = []
+            return text
+        if _WATCHDOG_ABORT.fullmatch(content):
+            self.output.job_ending.set()
             return text
         if _RULE.fullmatch(body):
             self.state, self.waiting = "rule", [text]
@@ -557,11 +674,61 @@ class Launched:
     error_shown: bool
 
 
+# Once a rank has said that it ends the job, the launcher has this long to end the others and exit
+# (measured across hosts: 2 s for mpirun, 10 s for horovodrun's TERM-then-KILL); then it is
+# killed, with every process it started. mpirun otherwise waits for ever on the daemon of a host
+# it can no longer reach, long after every rank has exited (and told TERM then, it crashes).
+LAUNCHER_TEARDOWN_S = 20.0
+
+
+def _end_if_late(shown: LaunchOutput, name: str) -> Callable[[subprocess.Popen], bool]:
+    """A `processes.run` watcher: kills the launcher and what it started `LAUNCHER_TEARDOWN_S`
+    after the job began to end (`LaunchOutput.job_ending`), if it still runs; True if it had to."""
+
+    def watch(proc: subprocess.Popen) -> bool:
+        while not shown.job_ending.wait(0.5):
+            if proc.poll() is not None:
+                return False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(LAUNCHER_TEARDOWN_S)
+            return False
+        sys.stderr.write(
+            f"hvd-train launch: {name} still runs {LAUNCHER_TEARDOWN_S:g} s after a rank ended "
+            "the job (waiting on a host it cannot reach?): killing it and what it started\n"
+        )
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return True
+
+    return watch
+
+
+def _descendants(pid: int) -> list[int]:
+    """The live processes below `pid` (its ssh clients, local daemons and ranks), from /proc;
+    none where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                    children.setdefault(parent, []).append(int(entry))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
 def supervise(
     parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]
 ) -> Launched:
     """Like `execute`, but run the launcher as a child, pass stop signals on to it, show its
-    output through `LaunchOutput` (unless HVD_TRAIN_LAUNCH_RAW=1) and say how it ended."""
+    output through `LaunchOutput` (unless HVD_TRAIN_LAUNCH_RAW=1) and say how it ended.
+
+    A launcher still running `LAUNCHER_TEARDOWN_S` after a rank's line said that the job ends
+    (mpirun waiting on a host cut off from it) is ended, with what it started."""
     full = _built(parser, args, command)
     print(shlex.join(full), flush=True)
     if shutil.which(full[0]) is None:
@@ -585,6 +752,7 @@ def supervise(
         capture=None,
         new_session=False,
         forward_signals={s: forwarded_signal(args.launcher, s) for s in FORWARDED_SIGNALS},
+        during=_end_if_late(shown, full[0]),
         **filters,
     )
     return Launched(finished.exit_code, shown.error_shown)

@@ -28,6 +28,25 @@ from hvd_train.core.environment import LauncherEnvironmentError
             3,
         ),
         ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "8", "SLURM_PROCID": "5"}, None, None, 5, 8),
+        # srun: the step's tasks on this node, before Open MPI starts.
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "7", "SLURM_PROCID": "6"}
+            | {"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"},
+            None,
+            1,
+            6,
+            7,
+        ),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "7", "SLURM_PROCID": "1"}
+            | {"SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "0"},
+            None,
+            2,
+            1,
+            7,
+        ),
+        # The batch script (no step) is no worker.
+        ({"SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_NODEID": "0"}, None, None, 0, None),
     ],
 )
 def test_read_tells_what_each_launcher_set(environ, controller, local_size, rank, size):
@@ -58,6 +77,14 @@ def test_tuning_variables_and_what_the_user_set():
         ({"HVD_TRAIN_STEP_MS": "fast"}, "HVD_TRAIN_STEP_MS must be a positive number of ms"),
         ({"HVD_TRAIN_GLOO_CYCLE_COST_MS": "-1"}, "HVD_TRAIN_GLOO_CYCLE_COST_MS must be a positive"),
         ({"HOROVOD_LOCAL_SIZE": "0"}, "HOROVOD_LOCAL_SIZE: expected a positive count, got '0'"),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2x3", "SLURM_NODEID": "0"},
+            "SLURM_STEP_TASKS_PER_NODE='2x3': expected counts such as '2(x3),1'",
+        ),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "2"},
+            "SLURM_NODEID='2' is no node of SLURM_STEP_TASKS_PER_NODE='2(x2)'",
+        ),
         ({"OMPI_COMM_WORLD_RANK": "one"}, "OMPI_COMM_WORLD_RANK='one' is not an integer rank"),
     ],
 )

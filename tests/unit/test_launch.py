@@ -548,3 +548,89 @@ def test_launch_exit_code_after_a_ranks_error_line(tmp_path, code, error_shown, 
         when = now - 60 if status == "old" else now + 1
         status_file.write_text(json.dumps({"status": "preempted", "time": when}))
     assert cli._launch_exit_code(code, status_file, now, error_shown=error_shown) == expected
+
+
+def test_mpirun_argv_job_network_restricts_open_mpi_and_tells_the_ranks():
+    argv = launch.mpirun_argv(2, CMD, hosts=["h1:1", "h2:1"], job_network="198.18.1.0/24")
+    assert argv == [
+        "mpirun",
+        "-np",
+        "2",
+        "-H",
+        "h1:1,h2:1",
+        "--bind-to",
+        "none",
+        "--mca",
+        "btl_tcp_if_include",
+        "198.18.1.0/24",
+        "-x",
+        "HVD_TRAIN_IFACE=198.18.1.0/24",
+        *CMD,
+    ]
+
+
+def test_horovodrun_argv_names_the_interface():
+    argv = launch.horovodrun_argv(2, CMD, hosts=["h1:1", "h2:1"], interface="data0")
+    assert argv == [
+        "horovodrun",
+        "-np",
+        "2",
+        "-H",
+        "h1:1,h2:1",
+        "--gloo",
+        "--network-interfaces",
+        "data0",
+        *CMD,
+    ]
+
+
+def test_srun_argv_job_network_rides_the_export():
+    argv = launch.srun_argv(2, CMD, job_network="ib0")
+    assert "--export=ALL,HVD_TRAIN_IFACE=ib0" in argv and "--export=ALL" not in argv
+
+
+def test_build_on_this_host_only_chooses_no_network(monkeypatch):
+    monkeypatch.setattr(launch, "ompi_major_version", lambda: 4)
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_if_include", raising=False)
+    argv = launch.build("mpirun", 2, CMD, ["localhost:2"])
+    assert "--mca" not in argv and not any(a.startswith("HVD_TRAIN_IFACE") for a in argv)
+    # The override applies on one host too.
+    argv = launch.build("mpirun", 2, CMD, ["localhost:2"], network_interface="lo")
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "127.0.0.0/8"
+
+
+def test_launch_refuses_a_network_interface_this_host_lacks(capsys):
+    code = cli.main(["launch", "--network-interface", "nosuch0", "--dry-run", "--", "train"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--network-interface nosuch0: no such IPv4 interface or network on this host" in err
+    assert "lo 127.0.0.1/8" in err  # what the host has
+
+
+def test_read_hostfile_gives_the_hosts_argument(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# our nodes\nnode1 slots=4\n\nnode2   # one slot\n")
+    assert launch.read_hostfile(str(hostfile)) == ["node1:4", "node2:1"]
+    assert launch.read_hostfile(None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("node1 slots=four\n", r":1: expected 'host slots=N', got 'node1 slots=four'"),
+        ("node1\nnode2 slots=2 max_slots=4\n", r":2: expected 'host slots=N'"),
+        ("# nothing\n", "names no host"),
+    ],
+)
+def test_read_hostfile_refuses_bad_lines(tmp_path, text, error):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        launch.read_hostfile(str(hostfile))
+
+
+def test_launch_with_hostfile_and_hosts_is_a_usage_error(tmp_path, capsys):
+    code = cli.main(["launch", "--hosts", "a:1", "--hostfile", "f", "--dry-run", "--", "train"])
+    assert code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
