@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hvd_train import doctor
+from hvd_train import doctor, selftest
 from hvd_train.core import config as config_lib
 from hvd_train.core import environment, faults, inject, launch, outcome, rundir
 from hvd_train.errors import UserError
@@ -142,6 +142,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         if result.stopped_at is not None:
             summary["stopped_at"] = result.stopped_at
         print("result " + json.dumps(summary), flush=True)
+    if not args.elastic and comm.size() > 1:
+        # The ranks leave together, after rank 0's result line: under `srun --kill-on-bad-exit`
+        # the first rank out with a stop's exit 75 would end the others mid-report.
+        comm.barrier()
     return outcome.EXIT_CODES[result.status]
 
 
@@ -158,8 +162,17 @@ def cmd_launch(argv: Sequence[str]) -> int:
     parser = launch.make_parser("hvd-train launch")
     parser.__class__ = _Parser
     args, command = launch.parse(parser, argv)
+    if command[:1] == ["selftest"]:
+        _selftest_options(command[1:])  # a bad option fails here, before any worker starts
+        full = [sys.executable, "-m", "hvd_train.cli", *command]
+        if args.dry_run:
+            return launch.execute(parser, args, full)
+        return launch.supervise(parser, args, full).exit_code
     if command[:1] != ["train"]:
-        raise UsageError("hvd-train launch: the job after -- must be: train [train options]")
+        raise UsageError(
+            "hvd-train launch: the job after -- must be: train [train options] | selftest "
+            "[selftest options]"
+        )
     # Fail here, before any worker starts; the ranks' rank 0 says the config's notes.
     _, config = check_train_args(command[1:], args.np, log_notes=False)
     full = [sys.executable, "-m", "hvd_train.cli", *command]
@@ -258,6 +271,14 @@ def cmd_bench(argv: Sequence[str]) -> int:
     return 0
 
 
+def _selftest_options(argv: Sequence[str]) -> selftest.Options:
+    return selftest.options(_parse(selftest.make_parser(), argv))
+
+
+def cmd_selftest(argv: Sequence[str]) -> int:
+    return selftest.run(_selftest_options(argv))
+
+
 def cmd_plan(argv: Sequence[str]) -> int:
     parser = _Parser(prog="hvd-train plan", description="predicted scaling at 8..1024 workers")
     parser.add_argument(
@@ -275,6 +296,7 @@ COMMANDS = {
     "train": (cmd_train, "train a config on this job's workers (run it under a launcher)"),
     "launch": (cmd_launch, "start N workers of a train command under mpirun/horovodrun/srun"),
     "doctor": (lambda argv: doctor.run(sys.stdout), "versions, the Horovod build, what is wrong"),
+    "selftest": (cmd_selftest, "check a job's allocation on every rank (under a launcher)"),
     "models": (cmd_models, "list the registered models"),
     "bench": (cmd_bench, "allreduce | synthetic | scaling | controllers: measure this cluster"),
     "plan": (cmd_plan, "cost model: predicted throughput and efficiency at 8..1024 workers"),
