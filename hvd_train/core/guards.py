@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from hvd_train.errors import UserError, everywhere
@@ -45,21 +46,36 @@ HINTS = {
 }
 
 
-def compare(prints: list[dict]) -> None:
+def compare(prints: list[dict], hosts: Sequence[str] | None = None) -> None:
     """Check every rank's fingerprint against rank 0's.
 
+    Args:
+      prints: each rank's fingerprint, by rank.
+      hosts: each rank's host name, by rank; named in the error when the job spans hosts.
+
     Raises:
-      InconsistentRanks: the first item that differs, the ranks with it, and what to do (raised
-        alike on every rank).
+      InconsistentRanks: the first item that differs (for the versions, each that differs), the
+        ranks with it and their hosts, and what to do (raised alike on every rank).
     """
     for item in prints[0]:
         differ = [r for r, p in enumerate(prints) if p.get(item) != prints[0][item]]
         if differ:
-            shown = ", ".join(str(r) for r in differ)
+            shown, chief = ", ".join(str(r) for r in differ), ""
+            if hosts and len(set(hosts)) > 1:
+                shown += " on " + ", ".join(dict.fromkeys(hosts[r] for r in differ))
+                chief = f" on {hosts[0]}"
             theirs, ours = prints[differ[0]].get(item), prints[0][item]
             raise everywhere(
                 InconsistentRanks(
-                    f"rank(s) {shown} differ from rank 0 in their {item} ({theirs} vs {ours}): "
-                    f"{HINTS[item]}"
+                    f"rank(s) {shown} differ from rank 0{chief} in their {item} "
+                    f"({_difference(theirs, ours)}): {HINTS[item]}"
                 )
             )
+
+
+def _difference(theirs: Any, ours: Any) -> str:
+    """ "theirs vs ours"; for two mappings (the versions) only the keys that differ."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        keys = [k for k in {**ours, **theirs} if theirs.get(k) != ours.get(k)]
+        return ", ".join(f"{k} {theirs.get(k)} vs {ours.get(k)}" for k in keys)
+    return f"{theirs} vs {ours}"

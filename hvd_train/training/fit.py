@@ -73,12 +73,12 @@ def train_and_evaluate(
         setup.configure_logging(comm.rank())
         # Before any collective that only some settings run (the watchdog's, the data-cache
         # vote): ranks started differently get the error instead of a hang.
-        job_start.agree_on_job(config)
+        hosts = job_start.agree_on_job(config)
         if not prepared:
             job_start.prepare_on_chief(config, run_dir, resume, overwrite)
         watchdog = _start_watchdog(config.fault, run_dir)
         return _train(
-            config, run_dir, resume, stop_after_epochs, argv or [], started, stop, watchdog
+            config, run_dir, resume, stop_after_epochs, argv or [], started, stop, watchdog, hosts
         )
     finally:
         stop.close()
@@ -95,6 +95,7 @@ def _train(
     started: float,
     stop: faults.StopRequest,
     watchdog: faults.Watchdog | None,
+    hosts: list[str],
 ) -> Result:
     from hvd_train import data
 
@@ -131,7 +132,9 @@ def _train(
     files = ChiefFiles(run_dir)
     files.write(
         run_dir / "launches.jsonl",
-        lambda: records.record_launch(run_dir, config, argv, size, initial_epoch=start.epoch),
+        lambda: records.record_launch(
+            run_dir, config, argv, size, hosts=records.placement(hosts), initial_epoch=start.epoch
+        ),
     )
     best = (start.meta or {}).get("best")
     # Rank 0's writers (metrics.json is read to be continued); none elsewhere.

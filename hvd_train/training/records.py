@@ -47,12 +47,25 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def placement(hosts: list[str]) -> dict[str, list[int]]:
+    """{host name: its ranks}, in the order of each host's first rank, from the host names by
+    rank (`start.agree_on_job`)."""
+    placed: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        placed.setdefault(host, []).append(rank)
+    return placed
+
+
 def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
-    """What is saved with every launch: config, command, versions, Horovod settings, revision."""
+    """What is saved with every launch: config, command, placement (Horovod's local and cross
+    size on rank 0), versions, Horovod settings, revision."""
+    topology = comm.topology()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "argv": argv,
         "size": size,
+        "local_size": topology.local_size,
+        "cross_size": topology.cross_size,
         "controller": comm.controller(),
         "versions": versions(),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
@@ -68,10 +81,11 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def record_launch(run_dir: Path, config: Any, argv: list[str], size: int, **fields: Any) -> None:
-    """Rank 0, at the start of a launch: run.json if the run is new, one launches.jsonl line
-    (argv, size, and `fields`), and the config in force as config.yaml."""
+    """Rank 0, at the start of a launch: run.json if the run is new (with `fields`), one
+    launches.jsonl line (argv, size, and `fields`), and the config in force as config.yaml."""
     if not (run_dir / "run.json").exists():
-        atomic_write(run_dir / "run.json", json.dumps(run_record(config, argv, size), indent=1))
+        record = {**run_record(config, argv, size), **fields}
+        atomic_write(run_dir / "run.json", json.dumps(record, indent=1))
     inject.fail_point("run_record", run_dir / "launches.jsonl")
     with (run_dir / "launches.jsonl").open("a") as f:
         launch = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": argv}

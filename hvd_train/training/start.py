@@ -11,6 +11,7 @@ which the CLI shows once (rank 0's).
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,32 +24,53 @@ from hvd_train.errors import UserError, everywhere
 from hvd_train.training import records
 
 
-def agree_on_job(config: Config) -> None:
+def agree_on_job(config: Config) -> list[str]:
     """Compare the config and the versions over ranks: the job's first collective.
+
+    Returns:
+      Every rank's host name, by rank.
 
     Raises:
       InconsistentRanks: ranks that differ from rank 0, by name (on every rank).
     """
     fingerprint = guards.job_fingerprint(config_lib.to_dict(config), records.versions())
-    guards.compare(comm.allgather_object(fingerprint, name="hvd_train.job_fingerprint"))
+    return _compare_over_ranks(fingerprint, "hvd_train.job_fingerprint")
 
 
 def prepare_on_chief(config: Config, run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Rank 0 checks the data and prepares the run directory (collective: all learn the outcome).
+    """Every rank checks the data it will read, then rank 0 prepares the run directory
+    (collectives: all learn the outcome).
 
-    The data are checked first, so that a missing file leaves no run directory behind; rank 0
-    checks them because the launch host may not see the compute nodes' paths.
+    The data are checked first, so that a missing file leaves no run directory behind; the ranks
+    check them because the launch host may not see the compute nodes' paths, and without a
+    shared filesystem one host may lack a file the others have.
 
     Raises:
-      UserError: rank 0's one line (data or run directory), on every rank.
+      UserError: the first failing rank's one line naming its host (data), or rank 0's (run
+        directory), on every rank.
     """
     from hvd_train.data import sources
 
-    def check() -> None:
-        sources.check(config.data)
-        rundir.prepare(run_dir, resume, overwrite)
+    on_every_rank(lambda: sources.check(config.data), "hvd_train.data_checks")
+    on_chief(lambda: rundir.prepare(run_dir, resume, overwrite), "hvd_train.chief_checks")
 
-    on_chief(check, "hvd_train.chief_checks")
+
+def on_every_rank(work: Callable[[], object], name: str) -> None:
+    """Run `work` on every rank; all learn every rank's UserError (one allgather) and raise the
+    first, naming its rank and host, or nothing if every rank passed."""
+    error = None
+    try:
+        work()
+    except UserError as err:
+        error = str(err)
+    gathered = comm.allgather_object((error, socket.gethostname()), name=name)
+    failed = [(rank, host, e) for rank, (e, host) in enumerate(gathered) if e is not None]
+    if failed:
+        rank, host, message = failed[0]
+        where = f"rank {rank} on host {host}"
+        others = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
+        local = len({h for _, h in gathered}) == 1
+        raise everywhere(UserError(message if local else f"{where}{others}: {message}"))
 
 
 def check_model(model: Any) -> None:
@@ -60,8 +82,16 @@ def check_model(model: Any) -> None:
     from hvd_train.keras.state import agreed_variables
 
     shapes = [list(v.shape) for v in agreed_variables(model)]
-    fingerprint = guards.model_fingerprint(shapes)
-    guards.compare(comm.allgather_object(fingerprint, name="hvd_train.model_fingerprint"))
+    _compare_over_ranks(guards.model_fingerprint(shapes), "hvd_train.model_fingerprint")
+
+
+def _compare_over_ranks(fingerprint: dict, name: str) -> list[str]:
+    """Every rank's fingerprint and host name (one allgather), compared with rank 0's; returns
+    the host names by rank."""
+    gathered = comm.allgather_object((fingerprint, socket.gethostname()), name=name)
+    hosts = [host for _, host in gathered]
+    guards.compare([f for f, _ in gathered], hosts=hosts)
+    return hosts
 
 
 def on_chief(work: Callable[[], object], name: str) -> None:
