@@ -11,21 +11,25 @@
 # from there; docker0 198.19.255.1/24 on every host (the decoy: the same address everywhere, as
 # Docker's bridge has on real machines). sshd listens on the management address only; /etc/hosts
 # names h1..hN by their data addresses (lines marked, removed by `down`: the file ends up
-# byte-identical to the copy kept in $STATE).
+# byte-identical to the copy kept in $STATE). SLURM (munge, slurmctld on h1, a slurmd per host):
+# slurm.sh.
 set -euo pipefail
 
 usage() {
   cat <<USAGE
-usage: [HOSTS=2] [RATE=unlimited] [DELAY=0] [STATE=/run/hvd_train_cluster] $0 COMMAND
+usage: [HOSTS=2] [RATE=unlimited] [DELAY=0] [SLURM=auto] [STATE=/run/hvd_train_cluster] $0 COMMAND
   up               bring HOSTS hosts (1..4) up; a no-op where the same cluster is up already
   down             stop every daemon and remove every namespace, interface, mount, /etc/hosts
                    line and state file of the cluster (safe to run twice)
-  status           the hosts, their addresses, CPUs, sshd and link shaping; exit 1 when down
+  status           the hosts, their addresses, CPUs, sshd, link shaping and SLURM daemons;
+                   exit 1 when down
   exec HOST CMD..  run CMD on HOST (its namespaces and CPU), in the current directory
-  env              shell lines to export for mpirun and horovodrun on this cluster
+  env              shell lines to export for mpirun, horovodrun and SLURM on this cluster
                    (eval "\$($0 env)")
   RATE   per-link rate of every data link, each way: unlimited, 10gbit, 1gbit, ... (tc tbf)
   DELAY  per-link one-way delay, e.g. 0.1ms (tc netem; refused where the kernel has no netem)
+  SLURM  1: munged, slurmctld on h1 and a slurmd per host (needs install.sh); 0: none;
+         auto: 1 where SLURM is installed
 USAGE
 }
 
@@ -40,6 +44,8 @@ MARK="# hvd_train cluster"
 NCPU=$(nproc --all)
 # Shared by every host, as on a site with one shared filesystem, also where it lies under /tmp.
 PROJECT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=mpi_scripts/cluster/slurm.sh
+. "$PROJECT/mpi_scripts/cluster/slurm.sh"
 
 say() { echo "cluster: $*"; }
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -82,7 +88,8 @@ up() {
   [[ $HOSTS =~ ^[1-4]$ ]] || die "HOSTS must be 1..4, got $HOSTS"
   [ "$(id -u)" = 0 ] || die "needs root (and CAP_NET_ADMIN)"
   command -v /usr/sbin/sshd >/dev/null || die "no /usr/sbin/sshd: run mpi_scripts/cluster/install.sh"
-  local wanted="HOSTS=$HOSTS RATE=$RATE DELAY=$DELAY"
+  slurm_resolve
+  local wanted="HOSTS=$HOSTS RATE=$RATE DELAY=$DELAY SLURM=$SLURM"
   if [ -f "$STATE/config" ]; then
     [ "$(cat "$STATE/config")" = "$wanted" ] \
       || die "a cluster with $(cat "$STATE/config") is up: run down first"
@@ -217,6 +224,7 @@ SSHD
       sleep 0.1
     done
   done
+  slurm_up
   trap - EXIT
   say "up: ${HOSTS} hosts answer ssh"
 }
@@ -235,6 +243,7 @@ down() {
       cat "$STATE/hosts.new" >/etc/hosts
     fi
   fi
+  slurm_down
   for n in 1 2 3 4; do
     [ -e "/run/netns/h$n" ] || [ -e "$STATE/ns/h$n.mnt" ] || continue
     if [ -e "/run/netns/h$n" ]; then
@@ -282,6 +291,7 @@ status() {
     say "h$n: data $DATA_NET.$n, mgmt $MGMT_NET.$n, cpu $(host_cpu "$n"), sshd $sshd," \
       "qdisc $(on_host "$n" tc qdisc show dev data0 | cut -d' ' -f2 | head -1)"
   done
+  slurm_status "$hosts" "$(sed -n 's/.*SLURM=\([01]\).*/\1/p' "$STATE/config")" || ok=1
   return "$ok"
 }
 
@@ -303,9 +313,8 @@ case "${1:-}" in
     cat <<ENV
 export PATH=$STATE/bin:\$PATH
 export OMPI_MCA_plm_rsh_agent="/usr/bin/ssh -F $STATE/ssh_config"
-export OMPI_MCA_btl_tcp_if_include=$DATA_NET.0/24
-export OMPI_MCA_oob_tcp_if_include=$MGMT_NET.0/24
 ENV
+    slurm_env
     ;;
   -h | --help) usage ;;
   *) usage >&2; exit 2 ;;

@@ -7,10 +7,11 @@ always taken down at its end, and the machine must then be as it was before.
 
 from __future__ import annotations
 
+import fcntl
 import os
 
 import pytest
-from hosts import HOSTS, STATE, Cluster, machine_state, script, unusable
+from hosts import HOSTS, LOCK, STATE, Cluster, machine_state, script, unusable
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,17 +26,22 @@ def usable() -> None:
 
 @pytest.fixture(scope="session")
 def before() -> dict[str, object]:
-    """The machine before any cluster of this session."""
-    script("down")  # one left by a killed session
-    return machine_state()
+    """The machine before any cluster of this session, which holds the machine's cluster lock
+    throughout: the bridges and host names are the machine's, so one cluster runs at a time."""
+    with open(LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        script("down")  # one left by a killed session
+        yield machine_state()
 
 
 @pytest.fixture(scope="session")
 def cluster(before: dict[str, object]) -> Cluster:
-    """A 2-host cluster for the session, always taken down; the machine is then as before."""
+    """HOSTS hosts for the session, always taken down; the machine is then as before."""
     try:
         script("up")
-        yield Cluster(STATE, [f"h{n}" for n in range(1, HOSTS + 1)])
+        cluster = Cluster(STATE, [f"h{n}" for n in range(1, HOSTS + 1)])
+        cluster.daemons = {host: cluster.pids(host) for host in cluster.hosts}
+        yield cluster
     finally:
         script("down")
     assert machine_state() == before

@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,7 +16,10 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 SCRIPT = REPO / "mpi_scripts" / "cluster" / "cluster.sh"
 STATE = Path(os.environ.get("HVD_TRAIN_CLUSTER_STATE", "/run/hvd_train_cluster_test"))
-HOSTS = 2
+# Three hosts: selftest names the slow link of three (two pairs give no median to fall below).
+HOSTS = 3
+# Held by whoever has a cluster up on this machine (tests, `flock LOCK cluster.sh ...` by hand).
+LOCK = Path("/run/hvd_train_cluster.lock")
 INTERFACES = ("data0", "mgmt0", "docker0")
 
 
@@ -53,6 +56,11 @@ def machine_state() -> dict[str, object]:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
     sshd = subprocess.run(["pgrep", "-f", f"sshd -f {STATE}"], capture_output=True, text=True)
+    # SLURM's daemons (munged, slurmctld, slurmd: mpi_scripts/cluster/slurm.sh) and any job step.
+    slurm = subprocess.run(
+        ["pgrep", "-f", f"^(munged|slurmctld|slurmd) .*{STATE}/"], capture_output=True, text=True
+    )
+    steps = subprocess.run(["pgrep", "-x", "slurmstepd"], capture_output=True, text=True)
     return {
         "links": sorted(line.split(":")[1].strip() for line in links.stdout.splitlines()),
         "netns": netns.stdout,
@@ -61,6 +69,8 @@ def machine_state() -> dict[str, object]:
         ),
         "etc_hosts_sha256": hashlib.sha256(Path("/etc/hosts").read_bytes()).hexdigest(),
         "cluster_sshd": sshd.stdout.split(),
+        "cluster_slurm": slurm.stdout.split(),
+        "slurmstepd": steps.stdout.split(),
         "state_dir": STATE.exists(),
         "run_sshd": Path("/run/sshd").exists(),
     }
@@ -87,6 +97,12 @@ def unusable() -> str | None:
 class Cluster:
     state: Path
     hosts: list[str]
+    daemons: dict[str, set[str]] = field(default_factory=dict)  # each host's, once it is up
+
+    def pids(self, host: str) -> set[str]:
+        """Every process running on `host` (its daemons, and what a job left)."""
+        listed = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True)
+        return set(listed.stdout.split())
 
     def env(self) -> dict[str, str]:
         """What mpirun and horovodrun need on this cluster (`cluster.sh env`), as a dict."""

@@ -110,75 +110,114 @@ def test_ssh_checks_host_keys(cluster: Cluster):
     assert done.returncode == 255
 
 
-# (name, launcher argv up to "--", workers, run from h1): horovodrun's driver must run on a host
-# that has the interface it picks (it looks the name up in its own namespace; from the root
-# namespace: KeyError 'mgmt0'), so it runs on h1, as from a cluster's first node.
+# (name, launcher argv, workers, the interface the gradients take). No launch names Open MPI's
+# interfaces in the environment: the job's network is the rule's (hvd_train.core.network).
+# horovodrun's driver looks the job's interface up by name in its own namespace, so it runs on h1,
+# as from a cluster's first node (from the root namespace the launch is refused with one line).
 LAUNCH = ["bash", "mpi_scripts/cluster/cluster.sh", "exec", "h1"]
 HVD_TRAIN = [jobs.PYTHON, "-m", "hvd_train.cli"]
+TWO = ["launch", "--np", "2", "--hosts", "h1:1,h2:1"]
+MPIRUN = ["mpirun", "--allow-run-as-root", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL=2"]
 JOBS = [
-    ("mpirun-2x1", [*HVD_TRAIN, "launch", "--np", "2", "--hosts", "h1:1,h2:1"], 2),
-    ("mpirun-uneven", [*HVD_TRAIN, "launch", "--np", "3", "--hosts", "h1:2,h2:1"], 3),
+    ("mpirun-2x1", [*HVD_TRAIN, "launch", "--np", "2", "--hosts", "h1:1,h2:1", "--"], 2, "data0"),
+    (
+        "mpirun-uneven",
+        [*HVD_TRAIN, "launch", "--np", "3", "--hosts", "h1:2,h2:1", "--"],
+        3,
+        "data0",
+    ),
+    # Plain mpirun, no flag, no variable: each rank follows the route to mpirun's host.
+    ("plain-mpirun", [*MPIRUN, "-np", "2", "-H", "h1:1,h2:1", *HVD_TRAIN], 2, "data0"),
     (
         "horovodrun-gloo",
-        [
-            *LAUNCH,
-            *HVD_TRAIN,
-            "launch",
-            "--np",
-            "2",
-            "--hosts",
-            "h1:1,h2:1",
-            "--launcher",
-            "horovodrun",
-        ],
+        [*LAUNCH, *HVD_TRAIN, *TWO, "--launcher", "horovodrun", "--"],
         2,
+        "data0",
     ),
-    # horovodrun --mpi picks interfaces itself (its -mca btl_tcp_if_include beats the
-    # environment's): left to choose, it put half of the gradients on mgmt0, so it is named.
     (
         "horovodrun-mpi",
-        [
-            *LAUNCH,
-            "horovodrun",
-            "-np",
-            "2",
-            "-H",
-            "h1:1,h2:1",
-            "--mpi",
-            "--network-interfaces",
-            "data0",
-            *HVD_TRAIN,
-        ],
+        [*LAUNCH, *HVD_TRAIN, *TWO, "--launcher", "horovodrun-mpi", "--"],
         2,
+        "data0",
+    ),
+    # The override moves everything to the management network.
+    (
+        "mpirun-on-mgmt",
+        [*HVD_TRAIN, *TWO, "--network-interface", "198.18.2.0/24", "--"],
+        2,
+        "mgmt0",
     ),
 ]
 
 
-@pytest.mark.parametrize(("name", "launcher", "workers"), JOBS, ids=[j[0] for j in JOBS])
-def test_default_job_across_hosts(cluster: Cluster, name: str, launcher: list[str], workers: int):
-    """One epoch of the default job across h1 and h2: its gradients cross h2's data interface."""
+@pytest.mark.parametrize(("name", "launcher", "workers", "carrier"), JOBS, ids=[j[0] for j in JOBS])
+def test_default_job_across_hosts(
+    cluster: Cluster, name: str, launcher: list[str], workers: int, carrier: str
+):
+    """One epoch of the default job across h1 and h2: its gradients cross h2's `carrier`."""
+    daemons = {host: cluster.pids(host) for host in cluster.hosts}
     start = counters("h2")
-    run_dir = f"run_dir={cluster.state}/shared/{name}"
-    separator = ["--"] if "launch" in launcher else []
-    job = jobs.run([*launcher, *separator, *TRAIN, "--set", run_dir], 600, env=cluster.env())
+    run_dir = cluster.state / "shared" / name
+    job = jobs.run([*launcher, *TRAIN, "--set", f"run_dir={run_dir}"], 600, env=cluster.env())
     end = counters("h2")
     assert job.returncode == 0, job.tail()
     # Rank 0's result line; horovodrun --mpi prefixes it with "[1,0]<stdout>:".
     results = re.findall(r"^(?:\[(?:1,)?0\]<stdout>:)?result (\{.*\})$", job.output, re.M)
     assert len(results) == 1 and json.loads(results[0])["workers"] == workers, job.tail()
+    run = json.loads((run_dir / "run.json").read_text())
+    placed = {"h1": list(range(workers - 1)), "h2": [workers - 1]}
+    assert (run["size"], run["local_size"], run["cross_size"]) == (workers, workers - 1, 2)
+    assert run["hosts"] == placed
     grown = {key: end[key] - start[key] for key in start}
     steps = steps_per_epoch(DIGITS_TRAIN_SAMPLES, size=workers, per_rank_batch_size=32)
     print(f"{name}: {job.seconds:.1f} s, {steps} steps, h2 bytes {grown}")
     # h2's one rank sends and receives at least the whole gradient each step (every element of
-    # its own gradient must leave it, every other rank's must reach it), all of it on data0.
+    # its own gradient must leave it, every other rank's must reach it), all of it on `carrier`.
     gradients = GRADIENT_BYTES * steps
-    assert grown["data0.tx"] >= gradients and grown["data0.rx"] >= gradients, grown
-    # Management (ssh, Open MPI's out-of-band channel, Horovod's task services) and the decoy:
-    # next to nothing.
-    for key in ("mgmt0.tx", "mgmt0.rx", "docker0.tx", "docker0.rx"):
+    assert grown[f"{carrier}.tx"] >= gradients and grown[f"{carrier}.rx"] >= gradients, grown
+    # The other interfaces (ssh, Open MPI's out-of-band channel, Horovod's task services on
+    # mgmt0; the decoy): next to nothing.
+    for key in (k for k in grown if not k.startswith(carrier)):
         assert grown[key] < gradients / 100, (key, grown)
-    # Nothing of the job left on any host: each runs its sshd alone.
+    # The watchdog listened on the same interface.
+    assert re.search(
+        rf"watchdog: rank 0 listens on 198\.18\.{'2' if carrier == 'mgmt0' else '1'}\.1:",
+        job.output,
+    ), job.tail()
+    # Nothing of the job left on any host: each runs its daemons alone.
     for host in cluster.hosts:
-        sshd = (cluster.state / host / "sshd.pid").read_text().split()
-        pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True)
-        assert pids.stdout.split() == sshd, f"{host} still runs {pids.stdout.split()}"
+        assert cluster.pids(host) == daemons[host], f"{host}: {cluster.pids(host)}"
+
+
+# (where the launch runs, the override, the refusal): the decoy has the same address on every
+# host; a network one host lacks. Each host is asked (over the launcher's ssh) before any worker
+# starts.
+REFUSED = [
+    ([], "198.19.255.0/24", "hosts h1 and h2 both have 198.19.255.1 on it, a host-local"),
+    (LAUNCH, "docker0", "hosts h1 and h2 both have 198.19.255.1 on it, a host-local"),
+    ([], "198.18.3.0/24", "host h1 has no interface in 198.18.3.0/24"),
+]
+
+
+@pytest.mark.parametrize(
+    ("where", "override", "refusal"), REFUSED, ids=["decoy-from-root", "decoy-from-h1", "none"]
+)
+def test_a_job_on_the_decoy_is_refused(cluster: Cluster, where, override: str, refusal: str):
+    argv = [*where, *HVD_TRAIN, "launch", "--np", "2", "--hosts", "h1:1,h2:1"]
+    argv += ["--network-interface", override, "--", *TRAIN]
+    job = jobs.run([*argv, "--set", f"run_dir={cluster.state}/shared/decoy"], 60, env=cluster.env())
+    assert job.returncode == 2, job.tail()
+    errors = [line for line in job.output.splitlines() if "error" in line]
+    assert len(errors) == 1 and refusal in errors[0], job.output
+    assert not (cluster.state / "shared" / "decoy").exists()
+
+
+def test_horovodrun_from_outside_the_hosts_is_refused(cluster: Cluster):
+    argv = [*HVD_TRAIN, "launch", "--np", "2", "--hosts", "h1:1,h2:1", "--launcher", "horovodrun"]
+    job = jobs.run([*argv, "--", *TRAIN], 60, env=cluster.env())
+    assert job.returncode == 2, job.tail()
+    errors = [line for line in job.output.splitlines() if "error" in line]
+    assert (
+        len(errors) == 1
+        and "198.18.1.0/24 is hvdc-data here, data0 on h1, data0 on h2" in errors[0]
+    ), errors
