@@ -199,8 +199,11 @@ class FaultConfig:
     Attributes:
       watchdog: abort the job, naming the ranks that did not arrive, when no step finishes within
         the stall bound (a frozen or lost rank would otherwise hold every other rank in a
-        collective forever; MPI has no timeout of its own).
-      stall_floor_s: the smallest stall bound, in seconds.
+        collective forever; MPI has no timeout of its own). Under `--elastic` it is the freeze
+        guard instead: a worker that has not run for `stall_floor_s` is killed, so that its host
+        leaves the job and the others go on (docs/elastic.md, "Frozen workers").
+      stall_floor_s: the smallest stall bound, in seconds (under `--elastic`, the freeze
+        guard's bound; `heartbeat_s` its period).
       stall_factor: the stall bound is max(stall_floor_s, stall_factor x the slowest of the
         recent step times), measured while training.
       startup_s: the bound until a phase's first step has finished (tracing, compilation, the

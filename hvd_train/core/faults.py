@@ -26,14 +26,14 @@ Plain Python (sockets, threads, signals): no Horovod, no TensorFlow.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import logging
 import os
-import re
+import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hvd_train.core import network
 from hvd_train.core.environment import LauncherEnvironmentError
 from hvd_train.core.outcome import EXIT_DIVERGED, EXIT_RANK_FAILED
 
@@ -176,17 +177,23 @@ class Summary:
         """More ranks did not arrive than the summary names."""
         return self.silent_count > len(self.silent) or self.behind_count > len(self.behind)
 
-    def why(self) -> str:
-        """Who did not arrive, as the watchdog's message says it."""
+    def why(self, where: Mapping[int, str] | None = None) -> str:
+        """Who did not arrive, as the watchdog's message says it; `where` adds the address a
+        rank's heartbeats come from ("rank 1 on 10.1.0.8"), for the ranks it holds."""
+        where = where or {}
+
+        def named(r: int) -> str:
+            return f"rank {r} on {where[r]}" if r in where else f"rank {r}"
+
         if self.silent_count:
             text = ", ".join(
-                f"rank {r} (no heartbeat for {age:.1f} s, at step {steps})"
+                f"{named(r)} (no heartbeat for {age:.1f} s, at step {steps})"
                 for r, age, steps in self.silent
             )
             more = self.silent_count - len(self.silent)
             return text + (f" and {more} more silent" if more else "")
         if self.behind_count:
-            names = ", ".join(f"rank {r}" for r in self.behind)
+            names = ", ".join(named(r) for r in self.behind)
             more = self.behind_count - len(self.behind)
             names += f" and {more} more" if more else ""
             return f"{names} (alive, at step {self.lowest}; others at up to {self.highest})"
@@ -296,23 +303,9 @@ def unpack_heartbeat(token: bytes, data: bytes, size: int) -> tuple[int, int, bo
 
 WATCHDOG_HOST = "HVD_TRAIN_WATCHDOG_HOST"  # the address (or host name) other hosts reach rank 0 at
 WATCHDOG_IFACE = "HVD_TRAIN_WATCHDOG_IFACE"  # the interface (or network a.b.c.d/n) to listen on
-# Where launchers say which interfaces the job's traffic uses, in the order trusted.
-IFACE_VARIABLES = (
-    "HOROVOD_GLOO_IFACE",  # horovodrun --gloo: its --network-interfaces, or those it found
-    "OMPI_MCA_btl_tcp_if_include",  # Open MPI (mpirun --mca, or horovodrun over MPI)
-    "OMPI_MCA_oob_tcp_if_include",
-    "NCCL_SOCKET_IFNAME",  # name prefixes, "=name" exact; "^..." only excludes
-)
-# The launcher's host: the route from here to it leaves by the job's interface.
-PEER_VARIABLES = (
-    "HOROVOD_GLOO_RENDEZVOUS_ADDR",  # horovodrun's rendezvous server
-    "SLURM_LAUNCH_NODE_IPADDR",  # the node srun ran on
-    "OMPI_MCA_orte_hnp_uri",  # mpirun (Open MPI 4): "jobid;tcp://a.b.c.d[,e.f.g.h]:port;..."
-)
 # A route lookup only (a UDP connect sends nothing): TEST-NET-2 (RFC 5737) is no host's network,
 # so the kernel answers with the default route.
 _DEFAULT_ROUTE_PROBE = "198.51.100.1"
-_SIOCGIFADDR = 0x8915  # Linux: an interface's IPv4 address
 # Every rank's heartbeat may arrive at once; the kernel caps these at net.core.[rw]mem_max.
 _CHIEF_BUFFER_BYTES = 4 << 20
 
@@ -331,10 +324,10 @@ def chief_address(environ: Mapping[str, str], spans_hosts: bool) -> tuple[str, s
     """The IPv4 address rank 0's watchdog listens on, and how it was chosen.
 
     In order: HVD_TRAIN_WATCHDOG_HOST; the address of HVD_TRAIN_WATCHDOG_IFACE; 127.0.0.1 when
-    every rank runs on this host; the first interface the launcher names for the job's traffic
-    (`IFACE_VARIABLES`); the source address of the route to the launcher's host
-    (`PEER_VARIABLES`); this host name's address; the default route's source address. Past the
-    user's choice, loopback addresses are passed over; 127.0.0.1 when nothing else is found.
+    every rank runs on this host; the job's interface (`network.job_interface`: the rule every
+    part of the job follows); this host name's address; the default route's source address.
+    Past the user's choice, loopback addresses are passed over; 127.0.0.1 when nothing else is
+    found.
 
     Args:
       environ: the process environment (`os.environ`).
@@ -345,7 +338,8 @@ def chief_address(environ: Mapping[str, str], spans_hosts: bool) -> tuple[str, s
 
     Raises:
       LauncherEnvironmentError: HVD_TRAIN_WATCHDOG_HOST does not resolve, or
-        HVD_TRAIN_WATCHDOG_IFACE names no interface (or network) of this host.
+        HVD_TRAIN_WATCHDOG_IFACE (or HVD_TRAIN_IFACE) names no interface (or network) of this
+        host.
     """
     if host := environ.get(WATCHDOG_HOST):
         try:
@@ -353,8 +347,8 @@ def chief_address(environ: Mapping[str, str], spans_hosts: bool) -> tuple[str, s
         except OSError as err:
             raise LauncherEnvironmentError(f"{WATCHDOG_HOST}={host!r}: {err}") from None
     if spec := environ.get(WATCHDOG_IFACE):
-        for name, address in _interface_addresses(spec, prefixes=False):
-            return address, f"interface {name}, from {WATCHDOG_IFACE}"
+        for found in network.matching(spec):
+            return found.address, f"interface {found.name}, from {WATCHDOG_IFACE}"
         names = ", ".join(name for _, name in socket.if_nameindex())
         raise LauncherEnvironmentError(
             f"{WATCHDOG_IFACE}={spec!r} matches no interface with an IPv4 address on this host "
@@ -362,51 +356,20 @@ def chief_address(environ: Mapping[str, str], spans_hosts: bool) -> tuple[str, s
         )
     if not spans_hosts:
         return "127.0.0.1", "every rank runs on this host"
-    for address, how in _launcher_addresses(environ):
+    if chosen := network.job_interface(environ):
+        return chosen.address, f"interface {chosen.name}, {chosen.how}"
+    for address, how in _fallback_addresses():
         if not ipaddress.ip_address(address).is_loopback:
             return address, how
     return "127.0.0.1", "no other address found"
 
 
-def _launcher_addresses(environ: Mapping[str, str]) -> Iterator[tuple[str, str]]:
-    """This host's candidate addresses for `chief_address`, best first, with how each was found."""
-    for variable in IFACE_VARIABLES:
-        spec = environ.get(variable, "")
-        for name, address in _interface_addresses(spec, prefixes=variable == "NCCL_SOCKET_IFNAME"):
-            yield address, f"interface {name}, from {variable}"
-    for variable in PEER_VARIABLES:
-        value = environ.get(variable, "")
-        peers = re.findall(r"tcp://([0-9.,]+):", value) if "://" in value else [value]
-        for peer in (p for group in peers for p in group.split(",") if p):
-            if address := _route_source(peer):
-                yield address, f"the route to {peer}, from {variable}"
+def _fallback_addresses() -> Iterator[tuple[str, str]]:
+    """Where no launcher names the job's interface: this host name's, then the default route's."""
     if named := _host_name_address():
         yield named[1], f"the host name {named[0]}"
-    if address := _route_source(_DEFAULT_ROUTE_PROBE):
+    if address := network.route_source(_DEFAULT_ROUTE_PROBE):
         yield address, "the default route"
-
-
-def _interface_addresses(spec: str, prefixes: bool) -> Iterator[tuple[str, str]]:
-    """(interface, IPv4 address) for each item of a comma-separated list of interface names or
-    networks (a.b.c.d/n), as Open MPI's if_include; with `prefixes`, names match as NCCL's do."""
-    if spec.startswith("^"):
-        return  # an exclusion names no interface to use
-    interfaces = [(n, a) for _, n in socket.if_nameindex() if (a := _interface_address(n))]
-    for item in (x.strip() for x in spec.split(",")):
-        exact = item.startswith("=")
-        item = item.lstrip("=")
-        if "/" in item:
-            try:
-                network = ipaddress.ip_network(item, strict=False)
-            except ValueError:
-                continue
-            yield from ((n, a) for n, a in interfaces if ipaddress.ip_address(a) in network)
-        elif item:
-            yield from (
-                (n, a)
-                for n, a in interfaces
-                if n == item or (prefixes and not exact and n.startswith(item))
-            )
 
 
 def _host_name_address() -> tuple[str, str] | None:
@@ -419,29 +382,6 @@ def _host_name_address() -> tuple[str, str] | None:
     except OSError:
         return None
     return name, address
-
-
-def _interface_address(name: str) -> str | None:
-    """The IPv4 address of interface `name`, or None (no such interface, or no IPv4 address)."""
-    request = struct.pack("256s", name.encode()[:15])  # struct ifreq: the name, then the address
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            reply = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
-        except OSError:
-            return None
-    return socket.inet_ntoa(reply[20:24])
-
-
-def _route_source(peer: str) -> str | None:
-    """This host's address on the route to `peer`, or None (no route, or a name that does not
-    resolve). Connecting a UDP socket only asks the routing table: no packet is sent."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((peer, 9))
-        except OSError:
-            return None
-        address = probe.getsockname()[0]
-    return None if address == "0.0.0.0" else address
 
 
 def open_socket(
@@ -748,7 +688,7 @@ class Watchdog:
         message = (
             f"hvd-train: watchdog on rank {self.rank}: no step finished for {idle:.1f} s "
             f"(bound {bound:.1f} s = {self.rule.explain(recent, started)}); "
-            f"did not arrive: {view.why()}; aborting the job (exit {EXIT_RANK_FAILED})"
+            f"did not arrive: {view.why(self._where())}; aborting the job (exit {EXIT_RANK_FAILED})"
         )
         if self._on_stall is not None:
             self._on_stall(message)
@@ -772,4 +712,75 @@ class Watchdog:
             if view.silent_count or time.monotonic() >= deadline:
                 break
             time.sleep(self.heartbeat_s / 2)
-        return view.why() if view.silent_count else None
+        return view.why(self._where()) if view.silent_count else None
+
+    def _where(self) -> dict[int, str]:
+        """The ranks' addresses this rank knows, where they name another host than loopback: on
+        rank 0 where each rank's heartbeats come from, on the others rank 0's."""
+        if self.rank == 0:
+            known = {r: address[0] for r, address in list(self._addresses.items())}
+        else:
+            known = {0: self._chief[0]}
+        return {r: a for r, a in known.items() if not ipaddress.ip_address(a).is_loopback}
+
+
+class FreezeGuard:
+    """Elastic mode's answer to a frozen worker: evict it, so that the others go on.
+
+    A watchdog thread cannot act for a process that no longer runs at all (SIGSTOP, a host
+    thrashing), and horovodrun waits for every worker before it resets. So a child process on the
+    same host watches this one: a daemon thread here writes a byte down a pipe every
+    `heartbeat_s`; when none came for `bound_s` seconds, the child kills this process (SIGKILL),
+    which horovodrun takes for a failed worker (its host is blacklisted, the others reset). The
+    child exits when the pipe closes (this process ended, however) or at `close`.
+
+    Args:
+      bound_s: how long this process may not run before it is killed.
+      heartbeat_s: how often it says it runs.
+    """
+
+    def __init__(self, bound_s: float, heartbeat_s: float) -> None:
+        read_fd, write_fd = os.pipe()
+        watch = "import sys; from hvd_train.core.faults import _guard; _guard(*sys.argv[1:])"
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", watch, str(os.getpid()), str(bound_s)],
+            stdin=read_fd,
+            close_fds=True,
+        )
+        os.close(read_fd)
+        os.set_blocking(write_fd, False)
+        self._closed = threading.Event()
+
+        def beat() -> None:
+            while not self._closed.is_set():
+                with contextlib.suppress(BlockingIOError, BrokenPipeError):
+                    os.write(write_fd, b".")  # a full pipe: the guard was stopped too
+                self._closed.wait(heartbeat_s)
+            os.close(write_fd)
+
+        threading.Thread(target=beat, name="hvd_train-freeze-guard", daemon=True).start()
+
+    def close(self) -> None:
+        """Disarm it before this process ends: its daemon thread stops beating at interpreter
+        shutdown, which may take longer than the bound."""
+        self._closed.set()
+        self._child.terminate()
+        self._child.wait()
+
+
+def _guard(pid: str, bound_s: str) -> None:
+    """The child of `FreezeGuard`: SIGKILL `pid` when its pipe (stdin) is silent."""
+    watched, bound = int(pid), float(bound_s)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C ends the worker, then this (EOF)
+    while True:
+        ready, _, _ = select.select([sys.stdin.fileno()], [], [], bound)
+        if not ready:
+            sys.stderr.write(
+                f"hvd-train: freeze guard: process {pid} on {socket.gethostname()} did not run "
+                f"for {bound:.1f} s; killing it (elastic: its host leaves the job)\n"
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(watched, signal.SIGKILL)
+            return
+        if not os.read(sys.stdin.fileno(), 4096):
+            return  # the worker ended

@@ -23,7 +23,9 @@ its own state and run loop on `horovod.common.elastic`'s machinery:
 - Failure: a worker dies, a collective fails on the survivors, they put back the last commit. No
   process restarts; Horovod is shut down and started again with the workers left (new rank and
   size), and rank 0's state is broadcast to all (`sync`), which is also how a joining worker gets
-  the current state.
+  the current state. A frozen worker is made a dead one: a child process on its host kills it
+  when it has not run for `fault.stall_floor_s` (`faults.FreezeGuard`), since horovodrun
+  resets only once every worker has reported.
 - After every (re)start, `_train` rebuilds what depends on the worker count: the data shards (the
   positions of the epoch not yet trained on are spread over the new size,
   `data.train_dataset(start_position=...)`), the learning rate (the batch rule for the new global
@@ -63,6 +65,7 @@ from hvd_train.callbacks import distributed_callbacks
 from hvd_train.comm.elastic import State, collective_failures, run
 from hvd_train.core import checkpoint as ckpt
 from hvd_train.core import config as config_lib
+from hvd_train.core import faults
 from hvd_train.core.config import Config
 from hvd_train.keras import compat
 from hvd_train.keras.state import agreed_variables, broadcast_model_state, weights_digest
@@ -382,6 +385,20 @@ def train_elastic(config: Config, run_dir: Path, *, argv: list[str] | None = Non
     if compat.CLASSIC:
         # Its state, schedules and retracing are written (and tested) against Keras 3 only.
         raise config_lib.ConfigError("--elastic needs the modern stack (TensorFlow >= 2.16)")
+    guard = None
+    if config.fault.watchdog:
+        # A frozen worker is evicted (killed by a child on its host), not waited for: horovodrun
+        # then blacklists its host and the others reset and go on.
+        guard = faults.FreezeGuard(config.fault.stall_floor_s, config.fault.heartbeat_s)
+    try:
+        return _train_elastic(config, run_dir, argv, started)
+    finally:
+        if guard is not None:
+            guard.close()
+
+
+def _train_elastic(config: Config, run_dir: Path, argv: list[str] | None, started: float) -> Result:
+    """`train_elastic` under its freeze guard."""
     comm.init(step_ms=config.train.step_ms)
     rank = comm.rank()
     setup.configure_logging(rank)
