@@ -35,7 +35,7 @@ test-parallel: ## tests/parallel on NP ranks under LAUNCHER, once (no timeout: f
 	PATH=$(VENV)/bin:$$PATH $(PY) -m hvd_train.core.launch --np $(NP) --launcher $(LAUNCHER) -- \
 	  $(PY) -m pytest tests/parallel -q -p no:cacheprovider
 
-test-cluster: ## (root) a 2-host cluster on this machine, the default job across it, then teardown
+test-cluster: ## (root) the cluster tier: hosts made of this machine, jobs, SLURM, faults, elastic across them
 	bash mpi_scripts/cluster/install.sh
 	timeout 1800 $(PY) -m pytest tests/cluster -v -p no:cacheprovider --durations=0
 

@@ -3,8 +3,9 @@
 # then a table of how long every stage took, so that CI's 90-minute budget stays visible. The modern
 # stack (VENV) runs every tier; the classic stack (CLASSIC_VENV: TensorFlow 2.15 + Keras 2 with
 # Horovod's own Keras optimizer) runs tests/integration/test_classic.py: the parallel suite at np=2
-# and 3, the default job, and per-step parity with the modern stack. Last, tests/cluster: the default
-# job across the hosts of a cluster made of this machine (mpi_scripts/cluster, root).
+# and 3, the default job, and per-step parity with the modern stack. Last, tests/cluster: hosts made
+# of this machine (mpi_scripts/cluster, root) and the product across them: jobs under each launcher,
+# SLURM, faults, elastic training, selftest.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] tests/run.sh
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,4 +46,15 @@ stage tests/classic "$VENV/bin/python" -m pytest tests/integration/test_classic.
   -p no:cacheprovider --durations=0
 # The cluster tier: hosts as network namespaces with their own sshd (root, CAP_NET_ADMIN).
 stage install-cluster bash mpi_scripts/cluster/install.sh
-stage tests/cluster "$VENV/bin/python" -m pytest tests/cluster -v -p no:cacheprovider --durations=0
+# One stage per part, each with its own cluster (up and down take seconds), so that the table shows
+# what each part costs.
+cluster_stage() {
+  local name=$1
+  shift
+  stage "$name" timeout 1500 "$VENV/bin/python" -m pytest "$@" -v -p no:cacheprovider --durations=0
+}
+cluster_stage tests/cluster tests/cluster/test_cluster.py tests/cluster/test_selftest.py
+cluster_stage tests/cluster-jobs tests/cluster/test_jobs_across_hosts.py
+cluster_stage tests/cluster-slurm tests/cluster/test_slurm.py
+cluster_stage tests/cluster-faults tests/cluster/test_faults_hosts.py
+cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
