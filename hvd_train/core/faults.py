@@ -357,7 +357,9 @@ def chief_address(environ: Mapping[str, str], spans_hosts: bool) -> tuple[str, s
     if not spans_hosts:
         return "127.0.0.1", "every rank runs on this host"
     if chosen := network.job_interface(environ):
-        return chosen.address, f"interface {chosen.name}, {chosen.how}"
+        # "interface ib0, from HOROVOD_GLOO_IFACE", or "the route to 10.1.0.9, from ...".
+        named = chosen.how.startswith("from ")
+        return chosen.address, f"interface {chosen.name}, {chosen.how}" if named else chosen.how
     for address, how in _fallback_addresses():
         if not ipaddress.ip_address(address).is_loopback:
             return address, how

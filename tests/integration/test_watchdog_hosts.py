@@ -195,8 +195,9 @@ def test_rank_0_names_a_frozen_rank_on_another_host(two_hosts):
     assert contact[0] == ADDRESS_A  # the veth's address, not loopback
     listens = f"watchdog: rank 0 listens on {ADDRESS_A}:{contact[1]} (the route to {ADDRESS_B}"
     assert listens in output and "WARNING" not in output, output
-    assert "did not arrive: rank 1 (no heartbeat for" in line, line
-    steps = int(re.search(r"rank 1 \(no heartbeat for [\d.]+ s, at step (\d+)\)", line)[1])
+    # Named with the address its heartbeats came from: the other host's.
+    assert f"did not arrive: rank 1 on {ADDRESS_B} (no heartbeat for" in line, line
+    steps = int(re.search(r"rank 1 on \S+ \(no heartbeat for [\d.]+ s, at step (\d+)\)", line)[1])
     assert steps > 0  # rank 0 heard rank 1's progress before the freeze
     assert took < 10, f"{took:.1f} s from the freeze to rank 0's verdict"
     assert chief["ignored"] == rank1["ignored"] == 0
