@@ -143,8 +143,8 @@ def cmd_train(argv: Sequence[str]) -> int:
             summary["stopped_at"] = result.stopped_at
         print("result " + json.dumps(summary), flush=True)
     if not args.elastic and comm.size() > 1:
-        # The ranks leave together, after rank 0's result line: under `srun --kill-on-bad-exit`
-        # the first rank out with a stop's exit 75 would end the others mid-report.
+        # The ranks leave together, after rank 0's result line: a launcher that ends the job at
+        # the first non-zero exit (a stop's 75) would otherwise end rank 0 mid-report.
         comm.barrier()
     return outcome.EXIT_CODES[result.status]
 
