@@ -221,8 +221,14 @@ def requeued(info: dict[str, str]) -> bool:
     return finished(info) or (restarted and info.get("JobState") in ("PENDING", "RUNNING"))
 
 
+def job_output(run: dict) -> str:
+    """The job's output file. A task that srun ends while it writes (--kill-on-bad-exit) can leave
+    a multi-byte character of Keras's progress bar torn: read it as text all the same."""
+    return run["output"].read_text(errors="replace")
+
+
 def results(run: dict) -> list[dict]:
-    return [json.loads(line) for line in RESULT.findall(run["output"].read_text())]
+    return [json.loads(line) for line in RESULT.findall(job_output(run))]
 
 
 def test_sbatch_trains_the_default_job_across_both_nodes(slurm: Cluster):
@@ -231,7 +237,7 @@ def test_sbatch_trains_the_default_job_across_both_nodes(slurm: Cluster):
     with submitted(slurm, "sbatch-2x1", NODES, args) as run:
         info = wait_job(slurm, run, finished, 240, "the job to end", seen)
         seconds = time.monotonic() - run["submitted"]
-        out = run["output"].read_text()
+        out = job_output(run)
         failure = logs(slurm, run["output"])
         assert info.get("JobState") == "COMPLETED" and info["ExitCode"] == "0:0", failure
         assert info["NodeList"] == "h[1-2]" and info["BatchHost"] == "h1", info
@@ -254,7 +260,7 @@ def stop_and_resume(run: dict, stopped_by: str) -> tuple[int, int]:
     failure and ends the others as they exit too: one rank's 75 is certain, the step's code (75 or
     143) and rank 0's result line of the stopped run are not.
     """
-    out = run["output"].read_text()
+    out = job_output(run)
     job = run["job"]
     assert f"slurm.sbatch: job {job} start 1 on h[1-2]" in out
     assert f"slurm.sbatch: job {job} start 2 on h[1-2]" in out  # SLURM_RESTART_COUNT=1
