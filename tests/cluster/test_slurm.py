@@ -111,26 +111,13 @@ def ranks_running(cluster: Cluster) -> set[tuple[str, int]]:
     return found
 
 
-def daemons(cluster: Cluster, host: str) -> set[str]:
-    """PIDs of the cluster's own daemons on `host`: its sshd and slurmd, and on h1 slurmctld with
-    its slurmscriptd."""
-    files = [cluster.state / host / "sshd.pid", cluster.state / "slurm" / host / "slurmd.pid"]
-    pids = {path.read_text().strip() for path in files}
-    if host == "h1":
-        slurmctld = (cluster.state / "slurm" / "slurmctld.pid").read_text().strip()
-        children = subprocess.run(["pgrep", "-P", slurmctld], capture_output=True, text=True)
-        pids |= {slurmctld, *children.stdout.split()}
-    return pids
-
-
 def assert_nothing_left(cluster: Cluster) -> None:
     """Within 15 s of a job's end, each host runs its daemons alone (no rank, no slurmstepd)."""
     deadline = time.monotonic() + 15
     while True:
         left = {}
         for host in cluster.hosts:
-            pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True)
-            extra = set(pids.stdout.split()) - daemons(cluster, host)
+            extra = cluster.pids(host) - cluster.daemons[host]
             if extra:
                 left[host] = sorted(extra)
         if not left or time.monotonic() > deadline:
