@@ -150,3 +150,20 @@ def keras2_distributed_optimizer(optimizer: Any, **kwargs: Any) -> Any:
     import horovod.tensorflow.keras as hvd_keras
 
     return hvd_keras.DistributedOptimizer(optimizer, **kwargs)
+
+
+def keras2_allreduce_grads_fn(name: str, groups: list[list[Any]], **options: Any) -> Any:
+    """The gradient allreduce Horovod's Keras 2 optimizer makes in its constructor, for explicit
+    `groups` (lists of variables, known only once the step is traced); `options` as Horovod's
+    (compression, sparse_as_dense, op, gradient_predivide_factor). Horovod caches it per groups."""
+    return hvd._make_allreduce_grads_fn(
+        name,
+        "",
+        "",
+        options["compression"],
+        options["sparse_as_dense"],
+        options["op"],
+        options["gradient_predivide_factor"],
+        groups,
+        process_set=global_process_set,
+    )

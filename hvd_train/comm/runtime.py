@@ -41,6 +41,7 @@ class Topology:
 
 
 _compute_threads: int | None = None
+GROUP_FUSION_OFF = "HOROVOD_DISABLE_GROUP_FUSION"
 
 
 def init(
@@ -87,6 +88,10 @@ def init(
         )
     _tune_before_start(launcher, threads, host, gpus, step_ms)
     _use_job_network(launcher)
+    # Each grouped allreduce (a gradient bucket) is fused on its own, never with another group
+    # that happens to be ready in the same cycle: the fused buffers, hence the order of the sums,
+    # stay the same every step (bit-exact resume at any size).
+    os.environ.setdefault(GROUP_FUSION_OFF, "1")
     backend.start(process_sets)
     local = topology()
     _check_world_size(launcher.size, local.size)

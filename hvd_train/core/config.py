@@ -121,6 +121,10 @@ class OptimizerConfig:
       compression: allreduce compression, "none" or "fp16".
       backward_passes_per_step: local gradient accumulation: batches per allreduce and update.
       gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
+      bucket_mb: gradients per grouped allreduce, in MiB, from the last layer backwards, so that
+        the late layers' gradients are sent while the backward pass computes the early ones; 0:
+        one allreduce of all gradients; null: one on one host, else about a quarter of the
+        gradients, 1 to 25 MiB (`hvd_train.core.buckets`).
     """
 
     name: str = "sgd"
@@ -135,6 +139,7 @@ class OptimizerConfig:
     compression: str = "none"
     backward_passes_per_step: int = 1
     gradient_predivide_factor: float = 1.0
+    bucket_mb: float | None = None
 
 
 @dataclass
@@ -416,6 +421,8 @@ def validate(config: Config, size: int | None = None) -> None:
             opt.warmup_epochs,
         )
     _check_choice("optimizer.compression", opt.compression, COMPRESSIONS)
+    if opt.bucket_mb is not None:
+        _check(opt.bucket_mb >= 0, "optimizer.bucket_mb", "must be >= 0 or null", opt.bucket_mb)
     _check_min("optimizer.backward_passes_per_step", opt.backward_passes_per_step, 1)
     factor = opt.gradient_predivide_factor
     _check(factor > 0, "optimizer.gradient_predivide_factor", "must be > 0", factor)

@@ -19,6 +19,7 @@ from hvd_train import comm
 
 # Horovod's own Keras 2 optimizer is part of the backend: the one use of it outside hvd_train.comm.
 from hvd_train.comm import horovod as backend
+from hvd_train.core import buckets
 from hvd_train.keras import compat
 from hvd_train.keras import stop as stop_flags
 
@@ -58,6 +59,7 @@ def distributed_optimizer(
     gradient_predivide_factor: float,
     backward_passes_per_step: int,
     average_aggregated_gradients: bool,
+    bucket_mb: float | None,
 ) -> Any:
     """Horovod's DistributedOptimizer around a Keras 2 optimizer (a new object, Horovod's way).
 
@@ -82,13 +84,23 @@ def distributed_optimizer(
         op=op,
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients,
-        # One group: all gradients of a step go out as one grouped allreduce, as on the modern
-        # stack, instead of Horovod's default of one allreduce per tensor (docs/knobs.md has the
-        # measurements: no worse where tensors are few, faster where they are many).
+        # One group where there is one bucket, instead of Horovod's default of one allreduce per
+        # tensor (docs/knobs.md has the measurements: no worse where tensors are few, faster where
+        # they are many); more buckets are given as groups once the variables are known.
         groups=1,
     )
     flags = stop_flags.attach(distributed)
-    _count_allreduces(distributed, flags)
+    _reduce_in_buckets(
+        distributed,
+        flags,
+        bucket_mb,
+        dict(
+            compression=compression,
+            sparse_as_dense=True,
+            op=op,
+            gradient_predivide_factor=gradient_predivide_factor,
+        ),
+    )
     schedule = distributed._learning_rate
     if backward_passes_per_step > 1 and isinstance(
         schedule, keras.optimizers.schedules.LearningRateSchedule
@@ -100,16 +112,29 @@ def distributed_optimizer(
     return distributed
 
 
-def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
-    """Count the runs of the optimizer's gradient allreduce in a variable (shows accumulation is
-    local: one allreduce per update), and send the stop flag with the gradients (keras/stop.py).
-    Horovod calls `_allreduce_grads` directly, or through its accumulation helper on every k-th
-    batch; both are wrapped. None run with one worker."""
+def _reduce_in_buckets(
+    optimizer: Any, flags: stop_flags.StopFlags, bucket_mb: float | None, options: dict[str, Any]
+) -> None:
+    """Send the gradients in the buckets of `core.buckets` (Horovod's `groups`, given as lists of
+    variables when the step is traced: the variables are unknown before), count the runs of the
+    allreduce in a variable (shows accumulation is local: one per update), and send the stop flag
+    with the gradients (keras/stop.py). Horovod calls `_allreduce_grads` directly, or through its
+    accumulation helper on every k-th batch; both are wrapped. None run with one worker."""
     count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_allreduce_count")
     object.__setattr__(optimizer, "_hvd_train_allreduce_count", count)
+    object.__setattr__(optimizer, "_hvd_bucket_mb", bucket_mb)
     if comm.size() == 1:
         return
-    reduce = optimizer._allreduce_grads
+    one_group = optimizer._allreduce_grads
+
+    def reduce(grads: Any, variables: Any, use_generic_names: bool) -> Any:
+        present = [i for i, g in enumerate(grads) if g is not None]
+        layout = bucket_layout(optimizer, [variables[i] for i in present]) if variables else []
+        if len(layout) <= 1:
+            return one_group(grads, variables, use_generic_names)
+        groups = [[variables[present[j]] for j in bucket] for bucket in layout]
+        reduce_groups = backend.keras2_allreduce_grads_fn(optimizer._name, groups, **options)
+        return reduce_groups(grads, variables, use_generic_names)
 
     def counted(grads: Any, variables: Any = None, use_generic_names: bool = False) -> Any:
         out = reduce(grads, variables, use_generic_names)
@@ -125,6 +150,15 @@ def _count_allreduces(optimizer: Any, flags: stop_flags.StopFlags) -> None:
     optimizer._allreduce_grads = counted
     if optimizer._agg_helper is not None:
         optimizer._agg_helper.allreduce_grads = counted
+
+
+def bucket_layout(optimizer: Any, variables: list[Any]) -> list[list[int]]:
+    """The buckets of these variables' gradients (indices, in the order sent), as on Keras 3."""
+    if compat.is_loss_scale_optimizer(optimizer):
+        optimizer = optimizer.inner_optimizer
+    nbytes = [v.shape.num_elements() * v.dtype.size for v in variables]
+    size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), optimizer._hvd_bucket_mb)
+    return buckets.layout(nbytes, size)
 
 
 def is_distributed(optimizer: Any) -> bool:

@@ -10,13 +10,15 @@ gradients would silently not be averaged. Keras 3's `train_step` calls `optimize
 which calls `apply(grads, variables)`; this optimizer averages the raw gradients at the top of
 `apply`:
 
-  apply(grads) -> [accumulate locally k times] -> one grouped allreduce -> Keras's own apply
-                  (loss-scale finite check, unscaling, gradient clipping, the update)
+  apply(grads) -> [accumulate locally k times] -> one grouped allreduce per gradient bucket
+                  -> Keras's own apply (loss-scale finite check, unscaling, clipping, the update)
 
 so the allreduce is outermost: before clipping (clipnorm acts on the averaged gradient, as one
 process with the global batch would) and before a LossScaleOptimizer's finite check (every rank sees
 the same averaged gradient, so all take the same skip decision; an overflow on one rank makes the
-average non-finite everywhere, and no rank skips a collective the others run).
+average non-finite everywhere, and no rank skips a collective the others run). The buckets
+(`core.buckets`: last layers first, fixed membership) let the traced step send the late layers'
+gradients while the backward pass still computes the early ones.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from hvd_train import comm
+from hvd_train.core import buckets
 from hvd_train.keras import compat
 from hvd_train.keras import stop as stop_flags
 
@@ -91,29 +94,44 @@ class _DistributedOptimizer:
             # Nothing to average; keeps the one-worker step free of Horovod.
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
-        # Embedding gradients arrive as IndexedSlices; densified, they join the one fused allreduce
-        # (Horovod would otherwise allgather them, one collective each).
+        if not present:
+            return grads
+        # Embedding gradients arrive as IndexedSlices; densified, they join their bucket's fused
+        # allreduce (Horovod would otherwise allgather them, one collective each).
         tensors = [tf.convert_to_tensor(grads[i]) for i in present]
-        # The stop flag travels with the gradients: see keras/stop.py.
+        # One grouped allreduce per bucket, last layers first: each depends only on its own
+        # gradients, so the traced step starts it while the backward pass is still running.
+        layout = self.bucket_layout(tensors)
+        groups = [[tensors[j] for j in bucket] for bucket in layout]
+        # The stop flag travels with the last bucket: see keras/stop.py.
         flags = stop_flags.flags_of(self)
-        reduced = comm.grouped_allreduce(
-            stop_flags.with_flag(tensors, flags),
+        groups[-1] = stop_flags.with_flag(groups[-1], flags)
+        reduced = comm.allreduce_groups(
+            groups,
             op=self._hvd_op,
             compression=self._hvd_compression,
             prescale_factor=1.0 / self._hvd_predivide,
             # Horovod's Average divides by size after this postscale: together, a mean.
             postscale_factor=self._hvd_predivide,
         )
-        reduced = stop_flags.without_flag(reduced, flags, len(tensors))
+        reduced[-1] = stop_flags.without_flag(reduced[-1], flags, len(layout[-1]))
         self._hvd_allreduce_count.assign_add(1)
         out = list(grads)
-        for i, tensor in zip(present, reduced, strict=True):
-            out[i] = tensor
+        for bucket, group in zip(layout, reduced, strict=True):
+            for j, tensor in zip(bucket, group, strict=True):
+                out[present[j]] = tensor
         return out
+
+    def bucket_layout(self, tensors: list[Any]) -> list[list[int]]:
+        """The buckets of these gradients (indices into `tensors`, in the order sent): fixed by
+        their sizes and the job's topology (`core.buckets`)."""
+        nbytes = [t.shape.num_elements() * t.dtype.size for t in tensors]
+        size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), self._hvd_bucket_mb)
+        return buckets.layout(nbytes, size)
 
     @property
     def allreduce_count(self) -> int:
-        """How many grouped allreduces this optimizer has run (0 before the first step)."""
+        """How many updates' gradients this optimizer has allreduced (0 before the first step)."""
         return int(self._hvd_allreduce_count.numpy()) if self.built else 0
 
 
@@ -124,6 +142,7 @@ def DistributedOptimizer(
     gradient_predivide_factor: float = 1.0,
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = True,
+    bucket_mb: float | None = None,
 ) -> keras.optimizers.Optimizer:
     """Make a Keras optimizer average its gradients over all ranks before each update.
 
@@ -135,9 +154,9 @@ def DistributedOptimizer(
     outside the loss-scale finite check, so one rank's overflow never skips the collective that the
     others run (Keras's compile would wrap the other way round on Keras 3).
 
-    How, per stack: Keras 3 (modern) gains the toolkit's distributed `apply` (one grouped
-    allreduce per update); Keras 2 (classic) is Horovod's own DistributedOptimizer with one
-    grouped allreduce per update.
+    How, per stack: Keras 3 (modern) gains the toolkit's distributed `apply`; Keras 2 (classic)
+    is Horovod's own DistributedOptimizer, given the same buckets as its `groups`. On both, each
+    update sends one grouped allreduce per gradient bucket (`core.buckets`).
 
     Args:
       optimizer: a Keras optimizer, or a LossScaleOptimizer.
@@ -149,13 +168,16 @@ def DistributedOptimizer(
         allreduced once; the update happens every k-th batch.
       average_aggregated_gradients: divide the k-batch sum by k (default), so that k passes of batch
         b update like one pass of batch k*b. Horovod's Keras default is the sum (False).
+      bucket_mb: gradients per grouped allreduce, in MiB, taken from the last layer backwards, so
+        that early buckets are sent while the backward pass runs; 0: one bucket of all; None
+        (default): derived from the topology (`core.buckets.bucket_bytes`).
 
     Returns:
       The optimizer to compile with (see the contract above).
 
     Raises:
-      ValueError: an unsupported op, a non-positive factor or pass count, or an optimizer that is
-        already distributed.
+      ValueError: an unsupported op, a non-positive factor or pass count, a negative bucket size,
+        or an optimizer that is already distributed.
     """
     if op not in (comm.Average, comm.Sum):
         raise ValueError(f"op must be hvd_train.Average or hvd_train.Sum, got {op!r}")
@@ -168,6 +190,8 @@ def DistributedOptimizer(
         raise ValueError(
             f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}"
         )
+    if bucket_mb is not None and not bucket_mb >= 0:
+        raise ValueError(f"bucket_mb must be >= 0 or None, got {bucket_mb!r}")
     if is_distributed(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
     if compat.optimizer_built(optimizer):
@@ -182,6 +206,7 @@ def DistributedOptimizer(
             gradient_predivide_factor,
             backward_passes_per_step,
             average_aggregated_gradients,
+            bucket_mb,
         )
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not (
         compat.is_loss_scale_optimizer(optimizer)
@@ -200,6 +225,7 @@ def DistributedOptimizer(
     optimizer._hvd_predivide = float(gradient_predivide_factor)
     optimizer._hvd_passes = backward_passes_per_step
     optimizer._hvd_average_aggregated = average_aggregated_gradients
+    optimizer._hvd_bucket_mb = bucket_mb
     stop_flags.attach(optimizer)
     return optimizer
 

@@ -119,6 +119,7 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
         compression=getattr(comm.Compression, opt_cfg.compression),
         gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
         backward_passes_per_step=opt_cfg.backward_passes_per_step,
+        bucket_mb=opt_cfg.bucket_mb,
     )
     model.compile(
         optimizer=optimizer,

@@ -57,6 +57,11 @@ CASES = {
     # Clipping acts on the averaged gradient, as in one process: per-rank clipping would differ.
     "sgd_global_clipnorm": (lambda: keras.optimizers.SGD(LR, global_clipnorm=0.5), {}),
     "predivide": (lambda: keras.optimizers.SGD(LR), {"gradient_predivide_factor": 2.0}),
+    # One grouped allreduce per tensor (1-byte buckets), clipping after all of them.
+    "buckets": (
+        lambda: keras.optimizers.SGD(LR, momentum=0.9, global_clipnorm=0.5),
+        {"bucket_mb": 2**-20},
+    ),
 }
 
 
@@ -148,12 +153,12 @@ def test_fp16_compression_stays_close():
     assert max_abs_diff(weights(summed), expected) > FP16_TOL
 
 
-@pytest.mark.parametrize("passes", [2, 3])
-def test_backward_passes_accumulate_locally(passes):
+@pytest.mark.parametrize("passes,bucket_mb", [(2, None), (3, None), (2, 2**-20)])
+def test_backward_passes_accumulate_locally(passes, bucket_mb):
     updates = 2
     ids = rank_blocks(updates, passes)
     optimizer = hvd_train.DistributedOptimizer(
-        keras.optimizers.SGD(LR), backward_passes_per_step=passes
+        keras.optimizers.SGD(LR), backward_passes_per_step=passes, bucket_mb=bucket_mb
     )
     model = fit(
         mlp(rank_seed()), optimizer, DIGITS_X[ids], DIGITS_Y[ids], PER_RANK, updates * passes, True

@@ -421,6 +421,8 @@ BAD_OVERRIDES = [
     (["train.epochs=2"], "optimizer.warmup_epochs: must be < train.epochs (2) for decay 'cosine'"),
     (["logging.csv=maybe"], "logging.csv: expected a boolean, got 'maybe'"),
     (["train.step_ms=0"], "train.step_ms: must be > 0 or null, got 0.0"),
+    (["optimizer.bucket_mb=-1"], "optimizer.bucket_mb: must be >= 0 or null, got -1.0"),
+    (["optimizer.bucket_mb=big"], "optimizer.bucket_mb: expected a number or null, got 'big'"),
     (["checkpoint.every_steps=-1"], "checkpoint.every_steps: must be >= 0, got -1"),
     (["fault.stall_floor_s=0"], "fault.stall_floor_s: must be > 0, got 0.0"),
     (["fault.stall_factor=0.5"], "fault.stall_factor: must be >= 1, got 0.5"),

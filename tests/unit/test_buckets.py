@@ -1,0 +1,47 @@
+"""Gradient buckets (`hvd_train.core.buckets`): the layout's closed form and the size rule."""
+
+import pytest
+
+from hvd_train.core import buckets
+from hvd_train.core.buckets import MIB
+
+
+@pytest.mark.parametrize(
+    "nbytes,size,expected",
+    [
+        ([4, 4, 4, 4], 8, [[3, 2], [1, 0]]),
+        # A bucket closes once it holds `size`: one large tensor ends it early.
+        ([1, 100, 1, 1], 10, [[3, 2, 1], [0]]),
+        ([5, 5, 5], 100, [[2, 1, 0]]),
+        ([5, 5, 5], 0, [[2, 1, 0]]),
+        ([5, 5, 5], 1, [[2], [1], [0]]),
+        ([], 8, []),
+    ],
+)
+def test_layout_takes_the_last_tensors_first(nbytes, size, expected):
+    assert buckets.layout(nbytes, size) == expected
+
+
+@pytest.mark.parametrize("count,each,size", [(50, 3, 10), (7, 4, 4), (12, 1, 5)])
+def test_equal_tensors_fill_buckets_of_ceil_size_over_each(count, each, size):
+    per_bucket = -(-size // each)
+    layout = buckets.layout([each] * count, size)
+
+    assert [len(b) for b in layout[:-1]] == [per_bucket] * (len(layout) - 1)
+    assert len(layout) == -(-count // per_bucket)
+    assert [i for b in layout for i in b] == list(range(count))[::-1]
+
+
+@pytest.mark.parametrize(
+    "total,cross_size,bucket_mb,expected",
+    [
+        (100 * MIB, 1, None, 0),  # one host: one bucket
+        (100 * MIB, 2, None, 25 * MIB),  # the cap
+        (8 * MIB, 2, None, 2 * MIB),  # a quarter of the gradients
+        (1000, 4, None, MIB),  # the floor
+        (100 * MIB, 1, 4.5, round(4.5 * MIB)),  # the user's choice wins, on one host too
+        (100 * MIB, 2, 0, 0),
+    ],
+)
+def test_bucket_bytes_follows_the_topology(total, cross_size, bucket_mb, expected):
+    assert buckets.bucket_bytes(total, cross_size, bucket_mb) == expected
