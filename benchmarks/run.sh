@@ -3,7 +3,7 @@
 # Run it on an otherwise idle machine: the figures are ratios measured side by side, but a busy
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
-#          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|all}
+#          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -49,9 +49,13 @@ controllers() {
   # Where Gloo's step time goes against MPI's: step breakdown and each thread group's CPU.
   run hvd-train bench controllers --np "$NP" --repeats 3 --out "$OUT"
 }
+stacks() {
+  # One worker, one thread, plain Keras: the modern stack per worker against the classic one.
+  run "$VENV/bin/python" -m benchmarks.stacks --rounds "$REPEATS" --out "$OUT"
+}
 
 case "${1:-}" in
-  allreduce | scaling | plan | models | peers | overhead | cycle | controllers) "$1" ;;
-  all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers ;;
+  allreduce | scaling | plan | models | peers | overhead | cycle | controllers | stacks) "$1" ;;
+  all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers; stacks ;;
   *) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -52,7 +52,9 @@ def _application(
         )
     import keras
 
-    return getattr(keras.applications, constructor)(
+    from models.layers import with_fused_batchnorm
+
+    model = getattr(keras.applications, constructor)(
         include_top=True,
         weights=None,
         input_shape=tuple(input_shape),
@@ -60,3 +62,4 @@ def _application(
         classifier_activation=None,
         **kwargs,
     )
+    return with_fused_batchnorm(model)

@@ -71,7 +71,7 @@ def build_cifar_resnet(
         raise UserError(f"resnet: depth must be 6n + 2 with n >= 1 (20, 56, ...), got {depth}")
     if weight_decay < 0:
         raise UserError(f"resnet: weight_decay must be >= 0, got {weight_decay}")
-    from models.layers import ZeroPadShortcut
+    from models.layers import ZeroPadShortcut, batch_normalization
 
     blocks = (depth - 2) // 6
     regularizer = keras.regularizers.L2(weight_decay / 2) if weight_decay else None
@@ -90,7 +90,7 @@ def build_cifar_resnet(
 
     def batch_norm(x: keras.KerasTensor, name: str) -> keras.KerasTensor:
         # Torch's momentum and epsilon, as in the reference CIFAR ResNet implementations.
-        return keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5, name=name)(x)
+        return batch_normalization(momentum=0.9, epsilon=1e-5, name=name)(x)
 
     inputs = keras.Input(tuple(input_shape))
     x = keras.layers.ReLU(name="relu")(batch_norm(conv(inputs, 16, 1, "conv"), "bn"))

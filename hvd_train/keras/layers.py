@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from hvd_train import comm
 from hvd_train.keras import compat
+from models.layers import FusedBatchNormalization
 
 
 def _global_moments(inputs: Any, axes: Any, keepdims: bool = False) -> tuple[Any, Any]:
@@ -82,7 +83,7 @@ def convert_sync_batchnorm(model: Any) -> Any:
     """
 
     def clone(layer: Any) -> Any:
-        if type(layer) is keras.layers.BatchNormalization:
+        if type(layer) in (keras.layers.BatchNormalization, FusedBatchNormalization):
             return SyncBatchNormalization.from_config(layer.get_config())
         return layer.__class__.from_config(layer.get_config())
 
