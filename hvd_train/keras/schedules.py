@@ -19,7 +19,8 @@ from hvd_train.core import scaling
 
 @keras.saving.register_keras_serializable(package="hvd_train")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup from base_lr to peak_lr over warmup_steps updates, then none/step/cosine decay.
+    """Linear warmup from base_lr to peak_lr over warmup_steps updates, then none, step, cosine or
+    polynomial decay.
 
     Evaluated on the optimizer's update counter inside the compiled step, so it costs no Python call
     per batch, and it resumes exactly from a restored counter. See `hvd_train.core.scaling`.
@@ -37,6 +38,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         decay: str = "none",
         decay_rate: float = 0.1,
         decay_boundaries: Sequence[int] = (),
+        decay_power: float = 2.0,
     ) -> None:
         scaling.validate_schedule(
             base_lr, peak_lr, warmup_steps, total_steps, decay, decay_rate, decay_boundaries
@@ -48,6 +50,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.decay = decay
         self.decay_rate = float(decay_rate)
         self.decay_boundaries = [int(b) for b in decay_boundaries]
+        self.decay_power = float(decay_power)
 
     def __call__(self, step: Any) -> Any:
         step = tf.cast(step, tf.float32)
@@ -58,6 +61,10 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             span = float(self.total_steps - self.warmup_steps)
             progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
             after = self.peak_lr * 0.5 * (1.0 + tf.cos(math.pi * progress))
+        elif self.decay == "polynomial":
+            span = float(self.total_steps - self.warmup_steps)
+            progress = tf.clip_by_value((step - self.warmup_steps) / span, 0.0, 1.0)
+            after = self.peak_lr * tf.pow(1.0 - progress, self.decay_power)
         else:
             after = tf.constant(self.peak_lr, tf.float32)
         if self.warmup_steps == 0:
@@ -74,6 +81,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "decay": self.decay,
             "decay_rate": self.decay_rate,
             "decay_boundaries": list(self.decay_boundaries),
+            "decay_power": self.decay_power,
         }
 
 
@@ -88,6 +96,7 @@ def scaled_warmup_schedule(
     decay: str = "none",
     decay_rate: float = 0.1,
     decay_epochs: Sequence[float] = (),
+    decay_power: float = 2.0,
 ) -> WarmupSchedule:
     """The toolkit's rule in epochs: scale base_lr to the global batch, warm up, then decay.
 
@@ -99,9 +108,10 @@ def scaled_warmup_schedule(
       warmup_epochs: epochs of linear warmup (Goyal et al.: 5); 0 for none.
       epochs: epochs of the whole run; needed by "cosine".
       rule: "linear" or "sqrt" scaling.
-      decay: "none", "step" or "cosine".
+      decay: "none", "step", "cosine" or "polynomial".
       decay_rate: factor at each of `decay_epochs` ("step").
       decay_epochs: epochs at which "step" decays.
+      decay_power: the exponent of "polynomial" decay.
 
     Returns:
       The schedule to pass as an optimizer's learning_rate.
@@ -115,4 +125,5 @@ def scaled_warmup_schedule(
         decay=decay,
         decay_rate=decay_rate,
         decay_boundaries=[round(e * updates_per_epoch) for e in decay_epochs],
+        decay_power=decay_power,
     )

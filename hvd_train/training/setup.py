@@ -57,8 +57,24 @@ def make_optimizer(opt_cfg: config_lib.OptimizerConfig, schedule: Any) -> Any:
     """The configured Keras optimizer (not yet distributed)."""
     import keras
 
+    from hvd_train.keras import large_batch
+
+    decay = opt_cfg.weight_decay
     if opt_cfg.name == "sgd":
         return keras.optimizers.SGD(schedule, momentum=opt_cfg.momentum)
+    if opt_cfg.name == "lars":
+        return large_batch.Lars(
+            schedule,
+            momentum=opt_cfg.momentum,
+            trust_coefficient=opt_cfg.trust_coefficient,
+            weight_decay=decay,
+        )
+    if opt_cfg.name == "lamb":
+        return large_batch.Lamb(schedule, weight_decay=decay)
+    if opt_cfg.name == "adamw":
+        return large_batch.AdamW(schedule, weight_decay=decay)
+    if opt_cfg.name == "lion":
+        return large_batch.Lion(schedule, weight_decay=decay)
     return keras.optimizers.Adam(schedule)
 
 
@@ -102,6 +118,7 @@ def make_schedule(config: Config, global_batch_size: int, updates_per_epoch: flo
         decay=opt.decay,
         decay_rate=opt.decay_rate,
         decay_epochs=opt.decay_epochs,
+        decay_power=opt.decay_power,
     )
 
 

@@ -278,8 +278,8 @@ BAD_YAML = [
     ("train: {epochs: 0}\n", "train.epochs: must be >= 1, got 0"),
     (
         "data: {source: imagenet}\n",
-        "data.source: must be one of (digits, synthetic, npz, mnist, cifar10, tfrecord, "
-        "image_dir), got 'imagenet'",
+        "data.source: must be one of (digits, mnist_5k, synthetic, npz, mnist, cifar10, "
+        "tfrecord, image_dir), got 'imagenet'",
     ),
     ("data: {source: npz}\n", "data.path: is required when data.source is 'npz', got null"),
     (
@@ -332,7 +332,10 @@ BAD_YAML = [
     ("data: {num_samples: 0}\n", "data.num_samples: must be >= 1, got 0"),
     ("data: {seed: -1}\n", "data.seed: must be >= 0, got -1"),
     ("model: {name: ''}\n", "model.name: must be a non-empty string, got ''"),
-    ("optimizer: {name: rmsprop}\n", "optimizer.name: must be one of (sgd, adam), got 'rmsprop'"),
+    (
+        "optimizer: {name: rmsprop}\n",
+        "optimizer.name: must be one of (sgd, adam, adamw, lamb, lion, lars), got 'rmsprop'",
+    ),
     ("optimizer: {base_lr: 0}\n", "optimizer.base_lr: must be > 0, got 0.0"),
     ("optimizer: {base_batch_size: 0}\n", "optimizer.base_batch_size: must be >= 1, got 0"),
     (
@@ -341,7 +344,10 @@ BAD_YAML = [
     ),
     ("optimizer: {momentum: 1}\n", "optimizer.momentum: must be in [0, 1), got 1.0"),
     ("optimizer: {warmup_epochs: -1}\n", "optimizer.warmup_epochs: must be >= 0, got -1.0"),
-    ("optimizer: {decay: linear}\n", "optimizer.decay: must be one of (none, step, cosine), got"),
+    (
+        "optimizer: {decay: linear}\n",
+        "optimizer.decay: must be one of (none, step, cosine, polynomial), got",
+    ),
     (
         "optimizer: {decay: step}\n",
         "optimizer.decay_epochs: must list at least one epoch for decay 'step', got []",

@@ -407,7 +407,7 @@ def test_check_image_dir(tmp_path):
     assert sources.check(cfg) is None
 
 
-@pytest.mark.parametrize("source", ["digits", "synthetic", "mnist", "cifar10"])
+@pytest.mark.parametrize("source", ["digits", "mnist_5k", "synthetic", "mnist", "cifar10"])
 def test_check_has_nothing_to_check_for_sources_without_files(source, tmp_path, monkeypatch):
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))  # mnist, cifar10: missing, found by load
     assert sources.check(DataConfig(source=source)) is None
