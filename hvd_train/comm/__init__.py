@@ -7,7 +7,9 @@ Everything distributed that the rest of the toolkit needs is asked of this packa
 - process sets: `ProcessSet`, `add_process_set`, `remove_process_set`, `process_set_ranks`; every
   collective takes `process_set=` (None: all ranks);
 - collectives: `allreduce`, `grouped_allreduce`, `allreduce_groups` (an ordered list of groups,
-  for buckets), `broadcast`, `broadcast_variables`, `broadcast_object`, `allgather`,
+  for buckets; `reduction="two_level"` reduces within each host, then across hosts, then
+  within each host again, and `resolve_reduction` picks flat or two-level for the job:
+  `comm.reduction`), `broadcast`, `broadcast_variables`, `broadcast_object`, `allgather`,
   `allgather_object`, `grouped_reducescatter`, `alltoall`, `barrier`, `join`;
 - elastic hooks (`comm.elastic`: reset, hosts changed, the run loop) and Horovod's timeline
   (`comm.timeline`).
@@ -40,6 +42,7 @@ from hvd_train.comm.collectives import (
     process_set_ranks,
     remove_process_set,
 )
+from hvd_train.comm.reduction import REDUCTIONS, resolve_reduction
 from hvd_train.comm.runtime import (
     Topology,
     build_info,
@@ -55,10 +58,12 @@ from hvd_train.comm.runtime import (
     rank,
     shutdown,
     size,
+    spare_cpu,
     topology,
 )
 
 __all__ = [
+    "REDUCTIONS",
     "Average",
     "Compression",
     "Max",
@@ -93,7 +98,9 @@ __all__ = [
     "process_set_ranks",
     "rank",
     "remove_process_set",
+    "resolve_reduction",
     "shutdown",
     "size",
+    "spare_cpu",
     "topology",
 ]

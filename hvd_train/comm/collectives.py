@@ -60,14 +60,52 @@ def grouped_allreduce(
     return backend.grouped_allreduce(converted, op, process_set, **kwargs)
 
 
+# Plain Python over the groups' structure: AutoGraph (inside a tf.function) has nothing to
+# convert, and converting this module and the two-level one costs seconds at every trace.
+@tf.autograph.experimental.do_not_convert
 def allreduce_groups(
-    groups: Sequence[Sequence[Any]], op: Any = Average, process_set: Any = None, **kwargs: Any
+    groups: Sequence[Sequence[Any]],
+    op: Any = Average,
+    process_set: Any = None,
+    reduction: str = "flat",
+    local_groups: Sequence[Sequence[int]] | None = None,
+    **kwargs: Any,
 ) -> list[list[tf.Tensor]]:
     """One grouped allreduce per group, issued in the order given (e.g. buckets of gradients in
     the order the backward pass makes them); the results in the same structure. Empty groups are
-    skipped (on every rank alike: the group structure must be the same everywhere)."""
+    skipped (on every rank alike: the group structure must be the same everywhere).
+
+    Args:
+      groups: the groups of tensors.
+      op: the reduction (two-level: Average or Sum).
+      process_set: the ranks to reduce over (None: all; two-level: all only).
+      reduction: "flat" (one grouped allreduce per group) or "two_level" (per group: within each
+        host a reduce-scatter, across hosts an allreduce among the ranks of equal local rank,
+        within each host an allgather; `comm.reduction`). `comm.resolve_reduction` picks it.
+      local_groups: two-level only: the ranks of each host, for tests that emulate hosts on one
+        machine; None: the job's hosts.
+      **kwargs: Horovod's (compression, prescale_factor, postscale_factor; flat also name).
+
+    Returns:
+      Per group, the reduced tensors (same shapes and dtypes).
+
+    Raises:
+      ValueError: an unknown reduction; two-level with a process set, another op, or unusable
+        local groups.
+    """
+    if reduction == "flat":
+        return [
+            grouped_allreduce(group, op, process_set, **kwargs) if group else [] for group in groups
+        ]
+    if reduction != "two_level":
+        raise ValueError(f"reduction {reduction!r}: expected 'flat' or 'two_level'")
+    if process_set is not None and process_set_ranks(process_set) != list(range(backend.size())):
+        raise ValueError("two-level reduction runs over all ranks only (process_set=None)")
+    from hvd_train.comm import reduction as two_level  # imports this module
+
     return [
-        grouped_allreduce(group, op, process_set, **kwargs) if group else [] for group in groups
+        two_level.two_level_allreduce(group, op, local_groups, **kwargs) if group else []
+        for group in groups
     ]
 
 

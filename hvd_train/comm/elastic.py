@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from hvd_train.comm import horovod as backend
+from hvd_train.comm import reduction
 
 log = logging.getLogger("hvd_train")
 
@@ -45,6 +46,7 @@ def reset() -> None:
     """Horovod again, with the workers horovodrun assigns now (as horovod.tensorflow.elastic
     does): the elastic hook run after a failure or a change of hosts."""
     backend.stop()
+    reduction.forget()  # the hosts and process sets of the Horovod that stopped
     backend.start()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.comm import collectives
+from hvd_train.comm import collectives, reduction
 from hvd_train.comm import horovod as backend
 from hvd_train.core import environment, network, placement
 
@@ -41,6 +41,7 @@ class Topology:
 
 
 _compute_threads: int | None = None
+_spare_cpu: bool | None = None
 GROUP_FUSION_OFF = "HOROVOD_DISABLE_GROUP_FUSION"
 
 
@@ -64,7 +65,9 @@ def init(
         run); None reads HVD_TRAIN_STEP_MS if set. Under Gloo on a CPU-only host whose cores the
         ranks fill, Horovod's cycle time is derived from it (`core.placement.gloo_cycle_time_ms`).
       process_sets: `comm.ProcessSet`s to register at start (every rank passes the same);
-        more can be added later with `comm.add_process_set` under HOROVOD_DYNAMIC_PROCESS_SETS=1.
+        more can be added later with `comm.add_process_set` under HOROVOD_DYNAMIC_PROCESS_SETS=1,
+        which `init` sets itself where the launcher says the job spans hosts (for two-level
+        reduction, `comm.reduction`) unless the user set it.
 
     Raises:
       RuntimeError: TensorFlow's runtime started before `init` (the placement cannot apply).
@@ -92,6 +95,10 @@ def init(
     # that happens to be ready in the same cycle: the fused buffers, hence the order of the sums,
     # stay the same every step (bit-exact resume at any size).
     os.environ.setdefault(GROUP_FUSION_OFF, "1")
+    if reduction.wants_dynamic_process_sets(os.environ, launcher.size, launcher.local_size):
+        # Across hosts: two-level reduction adds its process sets after the start, once Horovod
+        # knows which ranks share a host.
+        os.environ[reduction.DYNAMIC_ENV] = "1"
     backend.start(process_sets)
     local = topology()
     _check_world_size(launcher.size, local.size)
@@ -114,6 +121,11 @@ def init(
             f"(threads could not be set: {err})"
         ) from err
     _compute_threads = threads
+    global _spare_cpu
+    spare = not placement.mpi_should_yield(threads, local.local_size, host, gpus)
+    # One value for the job (the gradient buckets follow it, and must be alike on every rank).
+    together = [spare] if local.size == 1 else collectives.allgather_object(spare)
+    _spare_cpu = all(together)
 
 
 def _tune_before_start(
@@ -154,6 +166,15 @@ def _use_job_network(launcher: environment.Launcher) -> None:
     if settings:
         os.environ.update(settings)
         log.debug("job network: %s", " ".join(f"{k}={v}" for k, v in sorted(settings.items())))
+
+
+def spare_cpu() -> bool:
+    """True where, on every host of the job, the compute leaves a core free or runs on GPUs (the
+    complement of `core.placement.mpi_should_yield`): communication then runs beside the
+    compute instead of taking its cores. The same on every rank (agreed at `init`)."""
+    if _spare_cpu is None:
+        raise RuntimeError("hvd_train.init() has not run")
+    return _spare_cpu
 
 
 def compute_threads() -> int:
@@ -240,3 +261,4 @@ def shutdown() -> None:
     """
     collectives.barrier()
     backend.stop()
+    reduction.forget()

@@ -10,9 +10,12 @@ timing; Horovod keeps the groups apart under HOROVOD_DISABLE_GROUP_FUSION, which
 sets).
 
 The default size (`bucket_bytes`) follows from the topology: one bucket on one host, where the
-allreduce is a small part of the step and each further bucket only adds a negotiation; across
-hosts about a quarter of the gradients per bucket, at least `MIN_BUCKET_BYTES` (each bucket pays a
-Horovod cycle and the ring's latency) and at most `MAX_BUCKET_BYTES` (PyTorch DDP's default cap).
+allreduce is a small part of the step and each further bucket only adds a negotiation, and one
+where the compute fills every core of a CPU-only host (the transfer, driven by Horovod's thread,
+then takes the compute's core instead of running beside it: docs/performance.md has the
+measurements); otherwise about a quarter of the gradients per bucket, at least
+`MIN_BUCKET_BYTES` (each bucket pays a Horovod cycle and the ring's latency) and at most
+`MAX_BUCKET_BYTES` (PyTorch DDP's default cap).
 """
 
 from __future__ import annotations
@@ -25,17 +28,20 @@ MAX_BUCKET_BYTES = 25 * MIB
 BUCKETS_ACROSS_HOSTS = 4
 
 
-def bucket_bytes(total_bytes: int, cross_size: int, bucket_mb: float | None) -> int:
+def bucket_bytes(
+    total_bytes: int, cross_size: int, bucket_mb: float | None, spare_cpu: bool = True
+) -> int:
     """The bucket size in bytes; 0 means one bucket of everything.
 
     Args:
       total_bytes: bytes of all gradients of one step.
       cross_size: hosts in the job (Horovod's cross_size).
       bucket_mb: the user's choice in MiB (0: one bucket); None: derived from the topology.
+      spare_cpu: every host keeps a core free of compute, or computes on GPUs (`comm.spare_cpu`).
     """
     if bucket_mb is not None:
         return round(bucket_mb * MIB)
-    if cross_size <= 1:
+    if cross_size <= 1 or not spare_cpu:
         return 0
     share = total_bytes // BUCKETS_ACROSS_HOSTS
     return min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, share))

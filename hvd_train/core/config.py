@@ -36,6 +36,8 @@ KINDS = ("images", "tokens")
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "lion", "lars")
 DECAYED_OPTIMIZERS = ("adamw", "lamb", "lion", "lars")  # those optimizer.weight_decay acts in
 COMPRESSIONS = ("none", "fp16")
+# optimizer.reduction (`hvd_train.comm.reduction`).
+REDUCTIONS = ("auto", "flat", "two_level")
 MODES = ("max", "min")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 STOP_SIGNALS = ("TERM", "INT", "USR1", "USR2", "HUP")
@@ -125,14 +127,19 @@ class OptimizerConfig:
       decay: after warmup (`hvd_train.core.scaling.DECAYS`).
       decay_rate: factor applied at each boundary of "step" decay.
       decay_epochs: the boundaries of "step" decay, in epochs.
+      decay_power: the exponent of "polynomial" decay: peak_lr * (1 - progress) ** power to 0.
       compression: allreduce compression, "none" or "fp16".
       backward_passes_per_step: local gradient accumulation: batches per allreduce and update.
-      decay_power: the exponent of "polynomial" decay: peak_lr * (1 - progress) ** power to 0.
       gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
       bucket_mb: gradients per grouped allreduce, in MiB, from the last layer backwards, so that
         the late layers' gradients are sent while the backward pass computes the early ones; 0:
         one allreduce of all gradients; null: one on one host, else about a quarter of the
         gradients, 1 to 25 MiB (`hvd_train.core.buckets`).
+      reduction: how each bucket is reduced across hosts: "flat" (one allreduce over all ranks),
+        "two_level" (within each host, then across hosts among the ranks of equal local rank,
+        then within each host: each host sends a bucket's bytes once each way; for slow links,
+        as many ranks on every host, not elastic) or "auto" (flat: the measured rule of
+        `hvd_train.comm.reduction`). HVD_TRAIN_REDUCTION overrides it.
     """
 
     name: str = "sgd"
@@ -140,20 +147,21 @@ class OptimizerConfig:
     base_batch_size: int = 32
     lr_rule: str = "linear"
     momentum: float = 0.9
+    weight_decay: float = 0.0
+    trust_coefficient: float = 0.001
     warmup_epochs: float = 2.0
     decay: str = "cosine"
     decay_rate: float = 0.1
     decay_epochs: list[float] = field(default_factory=list)
+    decay_power: float = 2.0
     compression: str = "none"
     backward_passes_per_step: int = 1
     gradient_predivide_factor: float = 1.0
-    weight_decay: float = 0.0
-    trust_coefficient: float = 0.001
     bucket_mb: float | None = None
+    reduction: str = "auto"
 
 
 @dataclass
-    decay_power: float = 2.0
 class TrainConfig:
     """The outer loop.
 
@@ -409,6 +417,13 @@ def validate(config: Config, size: int | None = None) -> None:
     _check_min("optimizer.base_batch_size", opt.base_batch_size, 1)
     _check_choice("optimizer.lr_rule", opt.lr_rule, scaling.LR_RULES)
     _check(0 <= opt.momentum < 1, "optimizer.momentum", "must be in [0, 1)", opt.momentum)
+    _check(opt.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", opt.weight_decay)
+    if opt.weight_decay > 0:
+        names = ", ".join(DECAYED_OPTIMIZERS)
+        rule = f"is read only by optimizer.name ({names}), not {opt.name!r}"
+        _check(opt.name in DECAYED_OPTIMIZERS, "optimizer.weight_decay", rule, opt.weight_decay)
+    trust = opt.trust_coefficient
+    _check(trust > 0, "optimizer.trust_coefficient", "must be > 0", trust)
     _check_min("optimizer.warmup_epochs", opt.warmup_epochs, 0)
     _check_choice("optimizer.decay", opt.decay, scaling.DECAYS)
     boundaries = opt.decay_epochs
@@ -417,13 +432,6 @@ def validate(config: Config, size: int | None = None) -> None:
         "optimizer.decay_epochs",
         "must be increasing epochs > 0",
         boundaries,
-    _check(opt.weight_decay >= 0, "optimizer.weight_decay", "must be >= 0", opt.weight_decay)
-    if opt.weight_decay > 0:
-        names = ", ".join(DECAYED_OPTIMIZERS)
-        rule = f"is read only by optimizer.name ({names}), not {opt.name!r}"
-        _check(opt.name in DECAYED_OPTIMIZERS, "optimizer.weight_decay", rule, opt.weight_decay)
-    trust = opt.trust_coefficient
-    _check(trust > 0, "optimizer.trust_coefficient", "must be > 0", trust)
     )
     if opt.decay == "step":
         rule = "must list at least one epoch for decay 'step'"
@@ -440,6 +448,7 @@ def validate(config: Config, size: int | None = None) -> None:
             opt.warmup_epochs,
         )
     _check_choice("optimizer.compression", opt.compression, COMPRESSIONS)
+    _check_choice("optimizer.reduction", opt.reduction, REDUCTIONS)
     if opt.bucket_mb is not None:
         _check(opt.bucket_mb >= 0, "optimizer.bucket_mb", "must be >= 0 or null", opt.bucket_mb)
     _check_min("optimizer.backward_passes_per_step", opt.backward_passes_per_step, 1)

@@ -60,6 +60,7 @@ def distributed_optimizer(
     backward_passes_per_step: int,
     average_aggregated_gradients: bool,
     bucket_mb: float | None,
+    reduction: str,
 ) -> Any:
     """Horovod's DistributedOptimizer around a Keras 2 optimizer (a new object, Horovod's way).
 
@@ -94,6 +95,7 @@ def distributed_optimizer(
         distributed,
         flags,
         bucket_mb,
+        reduction,
         dict(
             compression=compression,
             sparse_as_dense=True,
@@ -113,13 +115,19 @@ def distributed_optimizer(
 
 
 def _reduce_in_buckets(
-    optimizer: Any, flags: stop_flags.StopFlags, bucket_mb: float | None, options: dict[str, Any]
+    optimizer: Any,
+    flags: stop_flags.StopFlags,
+    bucket_mb: float | None,
+    reduction: str,
+    options: dict[str, Any],
 ) -> None:
     """Send the gradients in the buckets of `core.buckets` (Horovod's `groups`, given as lists of
     variables when the step is traced: the variables are unknown before), count the runs of the
     allreduce in a variable (shows accumulation is local: one per update), and send the stop flag
-    with the gradients (keras/stop.py). Horovod calls `_allreduce_grads` directly, or through its
-    accumulation helper on every k-th batch; both are wrapped. None run with one worker."""
+    with the gradients (keras/stop.py). Two-level reduction (`comm.reduction`) sends the same
+    buckets through `comm.allreduce_groups` instead of Horovod's function. Horovod calls
+    `_allreduce_grads` directly, or through its accumulation helper on every k-th batch; both are
+    wrapped. None run with one worker."""
     count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_allreduce_count")
     object.__setattr__(optimizer, "_hvd_train_allreduce_count", count)
     object.__setattr__(optimizer, "_hvd_bucket_mb", bucket_mb)
@@ -130,6 +138,8 @@ def _reduce_in_buckets(
     def reduce(grads: Any, variables: Any, use_generic_names: bool) -> Any:
         present = [i for i, g in enumerate(grads) if g is not None]
         layout = bucket_layout(optimizer, [variables[i] for i in present]) if variables else []
+        if reduction == "two_level":
+            return _two_level(grads, present, layout, options)
         if len(layout) <= 1:
             return one_group(grads, variables, use_generic_names)
         groups = [[variables[present[j]] for j in bucket] for bucket in layout]
@@ -152,12 +162,36 @@ def _reduce_in_buckets(
         optimizer._agg_helper.allreduce_grads = counted
 
 
+def _two_level(
+    grads: list[Any], present: list[int], layout: list[list[int]], options: dict[str, Any]
+) -> list[Any]:
+    """The buckets reduced within each host, across hosts and within each host again, with
+    Horovod's meaning of op, compression and predivide factor (its function's, for flat)."""
+    tensors = [tf.convert_to_tensor(grads[i]) for i in present]  # sparse_as_dense
+    predivide = options["gradient_predivide_factor"]
+    reduced = comm.allreduce_groups(
+        [[tensors[j] for j in bucket] for bucket in layout],
+        op=options["op"],
+        compression=options["compression"],
+        prescale_factor=1.0 / predivide,
+        postscale_factor=predivide,
+        reduction="two_level",
+    )
+    out = list(grads)
+    for bucket, group in zip(layout, reduced, strict=True):
+        for j, tensor in zip(bucket, group, strict=True):
+            out[present[j]] = tensor
+    return out
+
+
 def bucket_layout(optimizer: Any, variables: list[Any]) -> list[list[int]]:
     """The buckets of these variables' gradients (indices, in the order sent), as on Keras 3."""
     if compat.is_loss_scale_optimizer(optimizer):
         optimizer = optimizer.inner_optimizer
     nbytes = [v.shape.num_elements() * v.dtype.size for v in variables]
-    size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), optimizer._hvd_bucket_mb)
+    size = buckets.bucket_bytes(
+        sum(nbytes), comm.cross_size(), optimizer._hvd_bucket_mb, comm.spare_cpu()
+    )
     return buckets.layout(nbytes, size)
 
 

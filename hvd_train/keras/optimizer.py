@@ -113,6 +113,7 @@ class _DistributedOptimizer:
             prescale_factor=1.0 / self._hvd_predivide,
             # Horovod's Average divides by size after this postscale: together, a mean.
             postscale_factor=self._hvd_predivide,
+            reduction=self._hvd_reduction,
         )
         reduced[-1] = stop_flags.without_flag(reduced[-1], flags, len(layout[-1]))
         self._hvd_allreduce_count.assign_add(1)
@@ -126,7 +127,9 @@ class _DistributedOptimizer:
         """The buckets of these gradients (indices into `tensors`, in the order sent): fixed by
         their sizes and the job's topology (`core.buckets`)."""
         nbytes = [t.shape.num_elements() * t.dtype.size for t in tensors]
-        size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), self._hvd_bucket_mb)
+        size = buckets.bucket_bytes(
+            sum(nbytes), comm.cross_size(), self._hvd_bucket_mb, comm.spare_cpu()
+        )
         return buckets.layout(nbytes, size)
 
     @property
@@ -143,6 +146,7 @@ def DistributedOptimizer(
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = True,
     bucket_mb: float | None = None,
+    reduction: str = "auto",
 ) -> keras.optimizers.Optimizer:
     """Make a Keras optimizer average its gradients over all ranks before each update.
 
@@ -171,13 +175,18 @@ def DistributedOptimizer(
       bucket_mb: gradients per grouped allreduce, in MiB, taken from the last layer backwards, so
         that early buckets are sent while the backward pass runs; 0: one bucket of all; None
         (default): derived from the topology (`core.buckets.bucket_bytes`).
+      reduction: how each bucket is reduced: "flat" (one ring over all ranks), "two_level"
+        (within each host, across hosts, within each host again: `comm.reduction`), or "auto"
+        (the topology's rule, `comm.resolve_reduction`; HVD_TRAIN_REDUCTION overrides it). Choosing
+        is a collective where the mode is not "flat": every rank creates its optimizer alike.
 
     Returns:
       The optimizer to compile with (see the contract above).
 
     Raises:
       ValueError: an unsupported op, a non-positive factor or pass count, a negative bucket size,
-        or an optimizer that is already distributed.
+        an unknown reduction or "two_level" where it cannot run, or an optimizer that is already
+        distributed.
     """
     if op not in (comm.Average, comm.Sum):
         raise ValueError(f"op must be hvd_train.Average or hvd_train.Sum, got {op!r}")
@@ -196,6 +205,9 @@ def DistributedOptimizer(
         raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
     if compat.optimizer_built(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already built: distribute it before use")
+    # Every rank alike; with one worker (or before `init`) flat, the mode still checked.
+    several = comm.is_initialized() and comm.size() > 1
+    reduction = comm.resolve_reduction(reduction) if several else _checked(reduction)
     if compat.CLASSIC:
         from hvd_train.keras import classic
 
@@ -207,6 +219,7 @@ def DistributedOptimizer(
             backward_passes_per_step,
             average_aggregated_gradients,
             bucket_mb,
+            reduction,
         )
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not (
         compat.is_loss_scale_optimizer(optimizer)
@@ -226,8 +239,15 @@ def DistributedOptimizer(
     optimizer._hvd_passes = backward_passes_per_step
     optimizer._hvd_average_aggregated = average_aggregated_gradients
     optimizer._hvd_bucket_mb = bucket_mb
+    optimizer._hvd_reduction = reduction
     stop_flags.attach(optimizer)
     return optimizer
+
+
+def _checked(reduction: str) -> str:
+    if reduction not in comm.REDUCTIONS:
+        raise ValueError(f"reduction {reduction!r}: expected one of {', '.join(comm.REDUCTIONS)}")
+    return "flat"
 
 
 def is_distributed(optimizer: Any) -> bool:

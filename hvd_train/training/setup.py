@@ -131,13 +131,18 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
     from hvd_train.keras.optimizer import DistributedOptimizer
 
     opt_cfg = config.optimizer
-    optimizer = DistributedOptimizer(
-        make_optimizer(opt_cfg, schedule),
-        compression=getattr(comm.Compression, opt_cfg.compression),
-        gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
-        backward_passes_per_step=opt_cfg.backward_passes_per_step,
-        bucket_mb=opt_cfg.bucket_mb,
-    )
+    try:
+        # Every rank alike: choosing the reduction is a collective unless it is "flat".
+        optimizer = DistributedOptimizer(
+            make_optimizer(opt_cfg, schedule),
+            compression=getattr(comm.Compression, opt_cfg.compression),
+            gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
+            backward_passes_per_step=opt_cfg.backward_passes_per_step,
+            bucket_mb=opt_cfg.bucket_mb,
+            reduction=opt_cfg.reduction,
+        )
+    except ValueError as err:  # "two_level" where this job cannot run it (the same on every rank)
+        raise config_lib.ConfigError(f"optimizer.reduction: {err}") from None
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

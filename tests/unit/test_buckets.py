@@ -45,3 +45,8 @@ def test_equal_tensors_fill_buckets_of_ceil_size_over_each(count, each, size):
 )
 def test_bucket_bytes_follows_the_topology(total, cross_size, bucket_mb, expected):
     assert buckets.bucket_bytes(total, cross_size, bucket_mb) == expected
+
+
+def test_no_buckets_where_the_compute_fills_the_cores_unless_asked():
+    assert buckets.bucket_bytes(100 * MIB, 2, None, spare_cpu=False) == 0
+    assert buckets.bucket_bytes(100 * MIB, 2, 4.0, spare_cpu=False) == 4 * MIB

@@ -366,6 +366,10 @@ BAD_YAML = [
     ),
     ("optimizer: {compression: int8}\n", "optimizer.compression: must be one of (none, fp16), got"),
     (
+        "optimizer: {reduction: ring}\n",
+        "optimizer.reduction: must be one of (auto, flat, two_level), got",
+    ),
+    (
         "optimizer: {backward_passes_per_step: 0}\n",
         "optimizer.backward_passes_per_step: must be >= 1, got 0",
     ),

@@ -14,6 +14,7 @@ from hvd_train.keras.optimizer import DistributedOptimizer, is_distributed
         ({"gradient_predivide_factor": 0.0}, "must be positive"),
         ({"gradient_predivide_factor": 2.0, "op": comm.Sum}, "only with op=Average"),
         ({"bucket_mb": -0.5}, "bucket_mb must be >= 0 or None, got -0.5"),
+        ({"reduction": "tree"}, "reduction 'tree': expected one of auto, flat, two_level"),
         ({"backward_passes_per_step": 0}, "int >= 1, got 0"),
         ({"backward_passes_per_step": 1.5}, "int >= 1, got 1.5"),
     ],
