@@ -119,6 +119,8 @@ def run(out: TextIO) -> int:
         rows.append(("stack", f"{compat.NAME} (Keras {compat.KERAS_MAJOR})"))
         rows.append(("horovod controllers", ", ".join(k for k in ("mpi", "gloo") if built[k])))
         rows.append(("horovod gpu ops", "nccl" if built["nccl"] else "none (CPU build)"))
+        patched = "wake on enqueue" if built["wakes_on_enqueue"] else "none (not the installer's)"
+        rows.append(("horovod patches", patched))
         if built["nccl"] and nccl is None:
             problems.append(
                 "Horovod was built with NCCL, but no NCCL library is found: pip install "

@@ -110,6 +110,7 @@ mkdir -p "$NCCL_CHECK_DIR/build" "$NCCL_CHECK_DIR/logs"
 touch "$NCCL_CHECK_DIR/.nccl-check"
 tar -xzf "$sdist" -C "$NCCL_CHECK_DIR"
 src=$NCCL_CHECK_DIR/horovod-$HOROVOD_VERSION
+horovod_patch "$src" || fail "could not apply hvd_train's patches to Horovod's source"
 build=$NCCL_CHECK_DIR/build
 horovod_gpu_env "$nccl" "$cuda"
 printf '  %s\n' "${HOROVOD_BUILD_ENV[*]} ${HOROVOD_GPU_ENV[*]}"

@@ -24,6 +24,15 @@ horovod_sdist() {
   echo "$sdist"
 }
 
+# horovod_patch SRC: applies hvd_train's patches (mpi_scripts/patches) to the Horovod source tree
+# SRC, so that the installer and the NCCL compile check build the same code.
+horovod_patch() {
+  local patch
+  for patch in "$(dirname "${BASH_SOURCE[0]}")"/patches/horovod-"$HOROVOD_VERSION"-*.patch; do
+    patch -d "$1" -p1 --forward --quiet <"$patch" || { echo "patch $patch failed" >&2; return 1; }
+  done
+}
+
 # horovod_cuda_home: prints the CUDA toolkit to build with: CUDA_HOME, else the toolkit of the nvcc
 # on PATH, else the newest /usr/local/cuda*; status 1 when there is no nvcc at all.
 horovod_cuda_home() {

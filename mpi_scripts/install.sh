@@ -38,7 +38,7 @@ GPU=${GPU:-auto}
 HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
 JOBS=${JOBS:-$(nproc)}
 # Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
-BUILD_RECIPE=r1
+BUILD_RECIPE=r2
 
 # Progress: numbered steps; with HVD_TRAIN_TIMINGS=file each step's seconds are appended to it
 # ("install/STACK/NAME SECONDS RESULT") for the stage table of tests/run.sh.
@@ -86,6 +86,7 @@ command -v mpicxx >/dev/null || missing+=(libopenmpi-dev)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)
+command -v patch >/dev/null || missing+=(patch)
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 # Horovod and mpi4py compile against Python's headers (slim and CUDA base images may lack them).
 "$PYTHON" -c 'import os, sys, sysconfig
@@ -147,6 +148,7 @@ else
     sdist=$(horovod_sdist "$PY" "$HVD_TRAIN_CACHE") || die "could not download Horovod's source"
     tar -xzf "$sdist" -C "$work"
     src=$work/horovod-$HOROVOD_VERSION
+    horovod_patch "$src" || die "could not apply hvd_train's patches to Horovod's source"
     # Build fix for TensorFlow >= 2.16: xla_mpi_ops.cc includes headers TensorFlow's wheel no longer
     # ships (e.g. highwayhash/arch_specific.h), so the build fails on that one file. Its XLA ops are
     # optional (used only with HOROVOD_ENABLE_XLA_OPS=1, which hvd_train never sets; it turns

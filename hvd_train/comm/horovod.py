@@ -66,6 +66,14 @@ def size() -> int:
     return hvd.size()
 
 
+def wakes_on_enqueue() -> bool:
+    """True where Horovod was built with hvd_train's wake-on-enqueue patch (mpi_scripts/patches):
+    its background loop starts a request when it is enqueued, not at the next cycle."""
+    from horovod.tensorflow import mpi_ops
+
+    return hasattr(mpi_ops._basics.MPI_LIB_CTYPES, "horovod_wakes_on_enqueue")
+
+
 def controller() -> str:
     return "mpi" if hvd.mpi_enabled() else "gloo"
 
@@ -76,6 +84,7 @@ def build_info() -> dict[str, bool]:
         "gloo": hvd.gloo_built(),
         "nccl": hvd.nccl_built() > 0,
         "cuda": hvd.cuda_built(),
+        "wakes_on_enqueue": wakes_on_enqueue(),
     }
 
 

@@ -147,12 +147,14 @@ def _tune_before_start(
     if launcher.controller == "gloo" and not launcher.user_set_cycle_time:
         step = step_ms if step_ms is not None else launcher.step_ms
         cost = launcher.gloo_cycle_cost_ms or placement.GLOO_CYCLE_COST_MS
+        wakes = backend.wakes_on_enqueue()
         cycle = placement.gloo_cycle_time_ms(
-            "gloo", gpus, threads, launcher.local_size, host, step, cost
+            "gloo", gpus, threads, launcher.local_size, host, step, cost, wakes
         )
         if cycle is not None:
             os.environ[environment.CYCLE_TIME] = f"{cycle:g}"
-            log.info("Horovod cycle time %g ms (Gloo, cores filled, step %g ms)", cycle, step)
+            why = "Horovod wakes on enqueue" if wakes else f"step {step:g} ms"
+            log.info("Horovod cycle time %g ms (Gloo, cores filled, %s)", cycle, why)
 
 
 def _use_job_network(launcher: environment.Launcher) -> None:

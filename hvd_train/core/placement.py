@@ -106,6 +106,10 @@ HOROVOD_DEFAULT_CYCLE_MS = 1.0
 # constant fitted on one machine (docs/knobs.md says how); HVD_TRAIN_GLOO_CYCLE_COST_MS overrides
 # it.
 GLOO_CYCLE_COST_MS = 1.5
+# The cycle of a Gloo job on a Horovod whose background loop wakes when a tensor is enqueued
+# (hvd_train's patch, mpi_scripts/patches): a request no longer waits for the next cycle, so the
+# cycle only paces the idle negotiations, and a long one leaves the cores to the compute.
+GLOO_WAKING_CYCLE_MS = 50.0
 
 
 def gloo_cycle_time_ms(
@@ -116,6 +120,7 @@ def gloo_cycle_time_ms(
     host_cpus: int,
     step_ms: float | None,
     cycle_cost_ms: float = GLOO_CYCLE_COST_MS,
+    wakes_on_enqueue: bool = False,
 ) -> float | None:
     """Horovod's cycle time (ms) for a Gloo job whose compute threads fill a CPU-only host, or
     None where Horovod's default (1 ms) should stay.
@@ -134,12 +139,17 @@ def gloo_cycle_time_ms(
     applies (`mpi_should_yield`), with free cores the cycle costs no compute: Horovod's default
     stays. Without a step time there is nothing to weigh the latency against: default too.
 
+    Where Horovod's loop wakes when a tensor is enqueued (`wakes_on_enqueue`, the installer's
+    patched build) the latency term is gone and the cycle is `GLOO_WAKING_CYCLE_MS`, step time or
+    not.
+
     Args:
       controller: "gloo" or "mpi".
       gpus: GPUs visible on the host.
       threads, local_size, host_cpus: compute threads per rank, ranks on this host, host CPUs.
       step_ms: the expected time of one training step (one batch) on one rank, or None.
       cycle_cost_ms: compute time one cycle costs a saturated rank.
+      wakes_on_enqueue: Horovod starts a request when it is enqueued, not at the next cycle.
 
     Raises:
       ValueError: a non-positive step time or cycle cost.
@@ -148,7 +158,11 @@ def gloo_cycle_time_ms(
         raise ValueError(
             f"step_ms and cycle_cost_ms must be > 0, got {step_ms} and {cycle_cost_ms}"
         )
-    if controller != "gloo" or gpus or threads * local_size < host_cpus or step_ms is None:
+    if controller != "gloo" or gpus or threads * local_size < host_cpus:
+        return None
+    if wakes_on_enqueue:
+        return GLOO_WAKING_CYCLE_MS
+    if step_ms is None:
         return None
     cycle = math.sqrt(2.0 * cycle_cost_ms * step_ms)
     return round(max(HOROVOD_DEFAULT_CYCLE_MS, min(cycle, step_ms / 4)), 1)

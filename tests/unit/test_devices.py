@@ -78,6 +78,25 @@ def test_gloo_cycle_time(controller, gpus, threads, local_size, host, step_ms, e
     assert cycle == expected
 
 
+@pytest.mark.parametrize(
+    ("controller", "gpus", "threads", "local_size", "host", "step_ms", "expected"),
+    [
+        ("gloo", 0, 1, 2, 2, 250.0, devices.GLOO_WAKING_CYCLE_MS),
+        ("gloo", 0, 1, 2, 2, None, devices.GLOO_WAKING_CYCLE_MS),  # no step time needed
+        ("mpi", 0, 1, 2, 2, 250.0, None),
+        ("gloo", 2, 1, 2, 2, 250.0, None),
+        ("gloo", 0, 4, 2, 16, None, None),
+    ],
+)
+def test_gloo_cycle_time_where_horovod_wakes_on_enqueue(
+    controller, gpus, threads, local_size, host, step_ms, expected
+):
+    cycle = devices.gloo_cycle_time_ms(
+        controller, gpus, threads, local_size, host, step_ms, wakes_on_enqueue=True
+    )
+    assert cycle == expected
+
+
 def test_gloo_cycle_time_rejects_non_positive_step():
     with pytest.raises(ValueError, match="got 0"):
         devices.gloo_cycle_time_ms("gloo", 0, 1, 2, 2, 0)
