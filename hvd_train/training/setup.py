@@ -54,10 +54,25 @@ def apply_numerics(train: config_lib.TrainConfig) -> None:
 
 
 def make_optimizer(opt_cfg: config_lib.OptimizerConfig, schedule: Any) -> Any:
-    """The configured Keras optimizer (not yet distributed)."""
+    """The configured Keras optimizer (not yet distributed).
+
+    Raises:
+      ConfigError: Adam or AdamW with gradient accumulation on the classic stack.
+    """
     import keras
 
-    from hvd_train.keras import large_batch
+    from hvd_train.keras import compat, large_batch
+
+    passes = opt_cfg.backward_passes_per_step
+    if compat.CLASSIC and opt_cfg.name in ("adam", "adamw") and passes > 1:
+        # Horovod's Keras 2 accumulation advances `iterations` on every batch, which Keras 2's
+        # Adam takes for its bias correction: it would correct for k times the updates made.
+        raise config_lib.ConfigError(
+            f"optimizer.backward_passes_per_step: {opt_cfg.name} with accumulation "
+            f"({passes}) is not supported on the classic stack "
+            "(Keras 2: its bias correction would count batches, not updates); use lamb, or the "
+            "modern stack"
+        )
 
     decay = opt_cfg.weight_decay
     if opt_cfg.name == "sgd":

@@ -159,3 +159,19 @@ def test_mnist_5k_shards_are_disjoint_and_cover_the_epoch():
     # 4,000 training images: 20 steps of 2 x 100 cover every one once, split between the ranks.
     assert steps == 20 and len(seen[0]) == len(seen[1]) == 2000
     assert not seen[0] & seen[1]
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_with_accumulation_is_refused_on_the_classic_stack_only(name):
+    from hvd_train.keras import compat
+    from hvd_train.training.setup import make_optimizer
+
+    overrides = [f"optimizer.name={name}", "optimizer.backward_passes_per_step=2"]
+    opt_cfg = config.load(None, overrides).optimizer
+    if compat.CLASSIC:
+        with pytest.raises(ConfigError, match="not supported on the classic stack"):
+            make_optimizer(opt_cfg, 0.1)
+    else:  # Keras 3 counts updates in `iterations`: nothing to refuse
+        assert make_optimizer(opt_cfg, 0.1).name
+    # One pass per update is fine on both.
+    assert make_optimizer(config.load(None, [f"optimizer.name={name}"]).optimizer, 0.1).name
