@@ -3,7 +3,8 @@
 # Run it on an otherwise idle machine: the figures are ratios measured side by side, but a busy
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
-#          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|all}
+#          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|network|
+#           large-batch|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -54,8 +55,31 @@ stacks() {
   run "$VENV/bin/python" -m benchmarks.stacks --rounds "$REPEATS" --out "$OUT"
 }
 
+network() {
+  # The cluster (root) at each link rate, holding the machine's cluster lock: docs/network.md.
+  # [RATES="unlimited 10gbit 1gbit"] [MODELS=...] [VARIANTS=...] [LAYOUTS="2x1 2x2"] [STEPS=5]
+  # [QUICK=1: 1 rate, ResNet-20, 2 variants, 2x1]
+  local rates models variants layouts args
+  read -ra rates <<<"${RATES:-unlimited 10gbit 1gbit}"
+  read -ra models <<<"${MODELS:-}"
+  read -ra variants <<<"${VARIANTS:-}"
+  read -ra layouts <<<"${LAYOUTS:-2x1 2x2}"
+  args=(--rates "${rates[@]}" --layouts "${layouts[@]}" --steps "${STEPS:-5}")
+  [ ${#models[@]} = 0 ] || args+=(--models "${models[@]}")
+  [ ${#variants[@]} = 0 ] || args+=(--variants "${variants[@]}")
+  [ "${QUICK:-0}" = 0 ] || args+=(--quick)
+  run flock /run/hvd_train_cluster.lock "$VENV/bin/python" -m benchmarks.network run \
+    "${args[@]}" --out "$OUT"
+}
+
+large_batch() {
+  # Accuracy against the global batch per learning-rate recipe: docs/large-batch.md.
+  run "$VENV/bin/python" -m benchmarks.large_batch --out "$OUT"
+}
+
 case "${1:-}" in
-  allreduce | scaling | plan | models | peers | overhead | cycle | controllers | stacks) "$1" ;;
+  allreduce | scaling | plan | models | peers | overhead | cycle | controllers | stacks | network) "$1" ;;
+  large-batch) large_batch ;;
   all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers; stacks ;;
-  *) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -240,3 +240,120 @@ def describe() -> dict:
         "hardware": {k: asdict(v) for k, v in HARDWARE.items()},
         "workloads": {k: asdict(v) for k, v in WORKLOADS.items()},
     }
+
+
+# --- the cluster's hosts: predicted from what `hvd-train selftest` measures ---------------------
+
+REDUCTIONS = ("flat", "two_level")
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One rank's step without communication, measured alone under the job's CPU confinement.
+
+    Attributes:
+      forward_s: the forward pass and loss.
+      backward_s: the gradients (forward + backward minus forward).
+      step_s: the whole step without communication (adds the update and the framework's work).
+    """
+
+    forward_s: float
+    backward_s: float
+    step_s: float
+
+
+@dataclass(frozen=True)
+class Link:
+    """A host's data link as `hvd-train selftest` measures it: the slower direction's rate, in
+    MB/s each way, and half the round trip of a one-byte message."""
+
+    mb_per_s: float
+    latency_us: float
+
+
+def cross_host_bytes(nbytes: float, hosts: int, slots: int, reduction: str = "flat") -> float:
+    """Bytes one host sends (and receives) over its link to allreduce `nbytes` on every rank.
+
+    A flat ring over the ranks, host by host, crosses each host's link once each way carrying
+    2(n-1)/n of the data (n = hosts x slots); two-level reduction (inside each host, then across
+    the hosts' leaders, then a broadcast inside) sends 2(m-1)/m of it across (m = hosts).
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    if hosts <= 1:
+        return 0.0
+    n = hosts if reduction == "two_level" else hosts * slots
+    return 2 * (n - 1) / n * nbytes
+
+
+def cluster_step(
+    compute: Compute,
+    link: Link,
+    gradient_bytes: float,
+    hosts: int,
+    slots: int,
+    *,
+    buffers: int = 1,
+    last_bytes: float | None = None,
+    reduction: str = "flat",
+    cycle_ms: float = 1.0,
+) -> dict[str, float]:
+    """The step of a job of `hosts` x `slots` ranks whose host links all run at `link`, in seconds.
+
+    Each collective crosses the hosts' links (`cross_host_bytes`) and pays its ring's hops
+    (2(n-1) x latency) and one Horovod cycle. Without overlap (`last_bytes` None: one group once
+    every gradient exists) step = compute + comm. With overlap (buckets, or Horovod's per-tensor
+    allreduce, issued as the gradients exist) only the last collective, of `last_bytes`, must wait
+    for the whole backward pass, and the link cannot carry more than comm after the forward pass:
+    step = max(compute + comm(last), forward + comm + update).
+
+    Args:
+      compute: the step without communication (`Compute`).
+      link: the measured link (`Link`).
+      gradient_bytes: the bytes of the gradients on the wire (after any compression).
+      hosts, slots: the job's hosts and ranks per host.
+      buffers: how many collectives the gradients go out in.
+      last_bytes: the bytes of the last collective where the allreduce overlaps the backward
+        pass; None where it starts only after it.
+      reduction: "flat" or "two_level" (`cross_host_bytes`).
+      cycle_ms: Horovod's cycle time.
+
+    Returns:
+      compute, transfer, latency, comm, last (the collective no overlap can hide), step,
+      efficiency, and hidden: the part of comm the step does not show, (compute + comm - step) /
+      comm.
+
+    Raises:
+      ValueError: a link rate that is not positive, fewer than one buffer, or an unknown
+        reduction.
+    """
+    if link.mb_per_s <= 0:
+        raise ValueError(f"the link rate must be positive, got {link.mb_per_s} MB/s")
+    if buffers < 1:
+        raise ValueError(f"need at least one buffer, got {buffers}")
+    n = hosts if reduction == "two_level" else hosts * slots
+    hop_s = 0.0 if hosts <= 1 else 2 * (n - 1) * link.latency_us * 1e-6 + cycle_ms * 1e-3
+
+    def comm_of(nbytes: float, count: int) -> tuple[float, float]:
+        moved = cross_host_bytes(nbytes, hosts, slots, reduction)
+        return moved / (link.mb_per_s * 1e6), count * hop_s
+
+    transfer, latency = comm_of(gradient_bytes, buffers)
+    comm = transfer + latency
+    if last_bytes is None:
+        last = comm
+        step = compute.step_s + comm
+    else:
+        last = sum(comm_of(min(last_bytes, gradient_bytes), 1))
+        update = max(0.0, compute.step_s - compute.forward_s - compute.backward_s)
+        step = max(compute.step_s + last, compute.forward_s + comm + update)
+    return {
+        "compute": compute.step_s,
+        "transfer": transfer,
+        "latency": latency,
+        "comm": comm,
+        "last": last,
+        "step": step,
+        "efficiency": compute.step_s / step,
+        "hidden": (compute.step_s + comm - step) / comm if comm > 0 else 0.0,
+    }

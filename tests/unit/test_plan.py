@@ -46,3 +46,75 @@ def test_bandwidth_definitions():
     assert bandwidth(int(1e9), 0.5, 4) == (2.0, 3.0)
     stats = summary([1.0, 2.0, 3.0])
     assert stats["median"] == 2.0 and stats["ci95"] == pytest.approx(1.96)
+
+
+# --- the cluster model: only what selftest measures and compute measured alone -------------------
+
+COMPUTE = plan.Compute(forward_s=0.1, backward_s=0.2, step_s=0.35)  # update + framework: 50 ms
+LINK = plan.Link(mb_per_s=100.0, latency_us=50.0)
+
+
+def test_cross_host_bytes_flat_ring_and_two_level():
+    assert plan.cross_host_bytes(1e8, 2, 1) == pytest.approx(1e8)  # 2(n-1)/n at n = 2
+    assert plan.cross_host_bytes(1e8, 2, 2) == pytest.approx(1.5e8)  # n = 4: 1.5 S per host
+    assert plan.cross_host_bytes(1e8, 2, 2, "two_level") == pytest.approx(1e8)  # m = 2 hosts
+    assert plan.cross_host_bytes(1e8, 1, 4) == 0.0  # one host: nothing crosses a link
+    with pytest.raises(ValueError, match="reduction"):
+        plan.cross_host_bytes(1e8, 2, 2, "tree")
+
+
+def test_cluster_step_without_overlap_adds_the_whole_allreduce():
+    row = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, cycle_ms=1.0)
+    assert row["transfer"] == pytest.approx(1.0)  # 1e8 bytes at 100 MB/s
+    assert row["latency"] == pytest.approx(2 * 50e-6 + 1e-3)  # 2(n-1) hops and one cycle
+    assert row["step"] == pytest.approx(0.35 + row["comm"])
+    assert row["hidden"] == pytest.approx(0.0) and row["last"] == row["comm"]
+    assert row["efficiency"] == pytest.approx(0.35 / row["step"])
+
+
+def test_cluster_step_with_overlap_is_bound_by_the_link_or_by_the_last_bucket():
+    # A slow link: the link is busy from the end of the forward pass to the end of the step.
+    slow = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, buffers=4, last_bytes=2.5e7, cycle_ms=0)
+    assert slow["step"] == pytest.approx(0.1 + slow["comm"] + 0.05)
+    assert slow["hidden"] == pytest.approx((0.35 + slow["comm"] - slow["step"]) / slow["comm"])
+    # A fast link: only the last bucket's allreduce shows after the compute.
+    fast = plan.cluster_step(
+        COMPUTE, plan.Link(1e4, 0.0), 1e8, 2, 1, buffers=4, last_bytes=2.5e7, cycle_ms=0
+    )
+    assert fast["last"] == pytest.approx(2.5e7 / 1e10)
+    assert fast["step"] == pytest.approx(0.35 + fast["last"])
+    # Negative control: without overlap the same job is slower by what the overlap hid.
+    flat = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, buffers=4, cycle_ms=0)
+    assert flat["step"] - slow["step"] == pytest.approx(0.35 - 0.1 - 0.05)
+
+
+def test_cluster_step_two_level_sends_less_across_at_two_slots():
+    flat = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 2, cycle_ms=0)
+    two = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 2, reduction="two_level", cycle_ms=0)
+    assert flat["transfer"] == pytest.approx(1.5) and two["transfer"] == pytest.approx(1.0)
+    assert two["latency"] < flat["latency"]  # 2 hops across the hosts' leaders instead of 6
+
+
+def test_cluster_step_refuses_what_it_cannot_model():
+    with pytest.raises(ValueError, match="link rate"):
+        plan.cluster_step(COMPUTE, plan.Link(0.0, 1.0), 1e8, 2, 1)
+    with pytest.raises(ValueError, match="buffer"):
+        plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, buffers=0)
+
+
+# The published rows lie inside the plan's band (no overlap .. full overlap of the backward pass),
+# VGG-16's within BAND_POINTS above it (docs/network.md).
+BAND_POINTS = 0.025
+
+
+def test_published_rows_lie_inside_the_band():
+    for row in plan.compare_published():
+        low, high = row["model_no_overlap"], row["model_full_overlap"]
+        assert low - BAND_POINTS <= row["efficiency"] <= high + BAND_POINTS, row
+    # Negative control: a band narrowed to its midpoint leaves some published rows outside.
+    outside = [
+        row
+        for row in plan.compare_published()
+        if abs(row["model_midpoint"] - row["efficiency"]) > BAND_POINTS
+    ]
+    assert outside
