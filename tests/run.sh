@@ -44,6 +44,9 @@ stage tests/integration "$VENV/bin/python" -m pytest tests/integration -v -p no:
   --durations=0 --ignore=tests/integration/test_classic.py
 stage tests/classic "$VENV/bin/python" -m pytest tests/integration/test_classic.py -v \
   -p no:cacheprovider --durations=0
+# The toolkit's own optimizers (LARS, LAMB) against their closed forms on Keras 2 as well.
+stage tests/classic-unit "$CLASSIC_VENV/bin/python" -m pytest tests/unit/test_large_batch_optimizers.py \
+  tests/unit/test_large_batch_config.py -q -p no:cacheprovider
 # The cluster tier: hosts as network namespaces with their own sshd (root, CAP_NET_ADMIN).
 stage install-cluster bash mpi_scripts/cluster/install.sh
 # One stage per part, each with its own cluster (up and down take seconds), so that the table shows
@@ -58,3 +61,4 @@ cluster_stage tests/cluster-jobs tests/cluster/test_jobs_across_hosts.py
 cluster_stage tests/cluster-slurm tests/cluster/test_slurm.py
 cluster_stage tests/cluster-faults tests/cluster/test_faults_hosts.py
 cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
+cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py
