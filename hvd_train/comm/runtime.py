@@ -123,9 +123,14 @@ def init(
     _compute_threads = threads
     global _spare_cpu
     spare = not placement.mpi_should_yield(threads, local.local_size, host, gpus)
-    # One value for the job (the gradient buckets follow it, and must be alike on every rank).
-    together = [spare] if local.size == 1 else collectives.allgather_object(spare)
-    _spare_cpu = all(together)
+    if os.environ.get("HOROVOD_ELASTIC") == "1":
+        # A worker joining an elastic job starts alone, with no peer to agree with: the job
+        # takes one bucket, whatever its hosts (the same on every rank without a collective).
+        _spare_cpu = False
+    else:
+        # One value for the job (the gradient buckets follow it, and must be alike everywhere).
+        together = [spare] if local.size == 1 else collectives.allgather_object(spare)
+        _spare_cpu = all(together)
 
 
 def _tune_before_start(
@@ -173,7 +178,8 @@ def _use_job_network(launcher: environment.Launcher) -> None:
 def spare_cpu() -> bool:
     """True where, on every host of the job, the compute leaves a core free or runs on GPUs (the
     complement of `core.placement.mpi_should_yield`): communication then runs beside the
-    compute instead of taking its cores. The same on every rank (agreed at `init`)."""
+    compute instead of taking its cores. The same on every rank (agreed at `init`; False under
+    Horovod Elastic, whose workers start at different times)."""
     if _spare_cpu is None:
         raise RuntimeError("hvd_train.init() has not run")
     return _spare_cpu
