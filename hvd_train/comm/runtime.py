@@ -9,6 +9,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,15 +123,17 @@ def init(
         ) from err
     _compute_threads = threads
     global _spare_cpu
-    spare = not placement.mpi_should_yield(threads, local.local_size, host, gpus)
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         # A worker joining an elastic job starts alone, with no peer to agree with: the job
         # takes one bucket, whatever its hosts (the same on every rank without a collective).
         _spare_cpu = False
     else:
-        # One value for the job (the gradient buckets follow it, and must be alike everywhere).
-        together = [spare] if local.size == 1 else collectives.allgather_object(spare)
-        _spare_cpu = all(together)
+        # One value for the job from every rank's place (the gradient buckets follow it, and
+        # must be alike everywhere).
+        mine = (socket.gethostname(), placement.affinity_cpus(), threads, len(physical))
+        _spare_cpu = placement.spare_cpu(
+            [mine] if local.size == 1 else collectives.allgather_object(mine)
+        )
 
 
 def _tune_before_start(
@@ -176,10 +179,11 @@ def _use_job_network(launcher: environment.Launcher) -> None:
 
 
 def spare_cpu() -> bool:
-    """True where, on every host of the job, the compute leaves a core free or runs on GPUs (the
-    complement of `core.placement.mpi_should_yield`): communication then runs beside the
-    compute instead of taking its cores. The same on every rank (agreed at `init`; False under
-    Horovod Elastic, whose workers start at different times)."""
+    """True where, on every host of the job, the compute leaves a core free or runs on GPUs
+    (`core.placement.spare_cpu`, from every rank's host, affinity, threads and GPUs):
+    communication then runs beside the compute instead of taking its cores. The same on every
+    rank (agreed at `init`; False under Horovod Elastic, whose workers start at different
+    times)."""
     if _spare_cpu is None:
         raise RuntimeError("hvd_train.init() has not run")
     return _spare_cpu

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -20,6 +21,29 @@ def affinity_cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no mask
         return os.cpu_count() or 1
+
+
+def affinity_cpus() -> list[int]:
+    """The CPUs of this process's affinity mask, ascending (all of them where there is none)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no mask
+        return list(range(os.cpu_count() or 1))
+
+
+def spare_cpu(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool:
+    """Whether every host of the job keeps a core free of the ranks' compute (or computes on
+    GPUs), from each rank's (host name, affinity CPUs, compute threads, GPUs).
+
+    A host's CPUs for the job are the union of its ranks' affinity masks: all its cores under
+    `mpirun --bind-to none`, a scheduler's allocation where it binds, a container's or a test
+    cluster's pinned CPUs. Its compute fills them when its ranks' threads add up to as many.
+    """
+    hosts: dict[str, tuple[set[int], int, int]] = {}
+    for host, cpus, threads, gpus in ranks:
+        seen, total, gpu = hosts.get(host, (set(), 0, 0))
+        hosts[host] = (seen | set(cpus), total + threads, gpu + gpus)
+    return all(gpu or total < len(cpus) for cpus, total, gpu in hosts.values())
 
 
 def host_cpu_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

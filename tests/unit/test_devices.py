@@ -100,3 +100,22 @@ def test_gloo_cycle_time_where_horovod_wakes_on_enqueue(
 def test_gloo_cycle_time_rejects_non_positive_step():
     with pytest.raises(ValueError, match="got 0"):
         devices.gloo_cycle_time_ms("gloo", 0, 1, 2, 2, 0)
+
+
+@pytest.mark.parametrize(
+    ("ranks", "expected"),
+    [
+        # The cluster of tests/cluster: two hosts, each pinned to one CPU, one 1-thread rank each.
+        ([("h1", [0], 1, 0), ("h2", [1], 1, 0)], False),
+        # mpirun --bind-to none on two 8-core hosts, 2 ranks of 2 threads each: 4 cores spare.
+        ([("a", range(8), 2, 0), ("a", range(8), 2, 0), ("b", range(8), 2, 0)], True),
+        # A scheduler binding each of 4 ranks to its own 2 cores of an 8-core host: filled.
+        ([("a", [2 * r, 2 * r + 1], 2, 0) for r in range(4)], False),
+        # One host filled is enough to say no (the buckets must suit every host).
+        ([("a", range(8), 1, 0), ("b", [0, 1], 2, 0)], False),
+        # GPUs compute: the cores are free for communication.
+        ([("h1", [0], 1, 1), ("h2", [1], 1, 1)], True),
+    ],
+)
+def test_spare_cpu_per_host_from_the_ranks_affinity(ranks, expected):
+    assert devices.spare_cpu(ranks) is expected
