@@ -116,6 +116,7 @@ VARIANTS = {
     for v in (
         Variant("toolkit", "modern", "toolkit"),
         Variant("toolkit-one-group", "modern", "toolkit", ("optimizer.bucket_mb=0",)),
+        Variant("toolkit-buckets", "modern", "toolkit", ("optimizer.bucket_mb=25",)),
         Variant("toolkit-fp16", "modern", "toolkit", ("optimizer.compression=fp16",)),
         Variant("toolkit-bf16", "modern", "toolkit", ("optimizer.compression=bf16",)),
         Variant(
@@ -161,6 +162,19 @@ def available(names: Sequence[str]) -> tuple[list[Variant], dict[str, str]]:
 
 
 # --- one rank of a job ---------------------------------------------------------------------------
+
+
+def synthetic_batch(case: ModelCase, rank: int) -> tuple:
+    """One batch of this rank's synthetic inputs (ids for token models) and labels."""
+    import numpy as np
+
+    rng = np.random.default_rng(rank)
+    shape = (case.per_rank_batch_size, *case.input_shape)
+    if case.tokens:
+        x = rng.integers(0, case.tokens, shape).astype("int32")
+    else:
+        x = rng.standard_normal(shape).astype("float32")
+    return x, rng.integers(0, 10, (case.per_rank_batch_size,)).astype("int32")
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -228,13 +242,7 @@ def worker(
     from hvd_train.training import setup
 
     rank, size = comm.rank(), comm.size()
-    rng = np.random.default_rng(rank)
-    shape = (case.per_rank_batch_size, *case.input_shape)
-    if case.tokens:
-        x = rng.integers(0, case.tokens, shape).astype("int32")
-    else:
-        x = rng.standard_normal(shape).astype("float32")
-    y = rng.integers(0, 10, (case.per_rank_batch_size,)).astype("int32")
+    x, y = synthetic_batch(case, rank)
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     lr = 0.01
@@ -416,7 +424,6 @@ def mwms_job(model_names: list[str], hosts: str, steps: int, warmup: int, out: P
     cluster = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
     os.environ["TF_CONFIG"] = json.dumps(cluster)
     import keras  # Keras 2 (tf.keras) on the classic stack
-    import numpy as np
     import tensorflow as tf
 
     import models
@@ -428,13 +435,7 @@ def mwms_job(model_names: list[str], hosts: str, steps: int, warmup: int, out: P
     for name in model_names:
         case = MODELS[name]
         started = time.perf_counter()
-        rng = np.random.default_rng(rank)
-        shape = (case.per_rank_batch_size, *case.input_shape)
-        if case.tokens:
-            x = rng.integers(0, case.tokens, shape).astype("int32")
-        else:
-            x = rng.standard_normal(shape).astype("float32")
-        y = rng.integers(0, 10, (case.per_rank_batch_size,)).astype("int32")
+        x, y = synthetic_batch(case, rank)
         with strategy.scope():
             keras.utils.set_random_seed(0)
             model = models.build(case.zoo, case.input_shape, 10, **case.params)

@@ -74,16 +74,19 @@ def test_a_variant_of_an_unknown_knob_or_value_is_skipped_naming_it(monkeypatch)
 
 
 def test_plan_inputs_of_the_toolkit_are_its_own_bucket_layout():
-    toolkit = network.VARIANTS["toolkit"]  # the default: buckets derived for 2 hosts
-    inputs = network.plan_inputs(row(), toolkit)
-    layout = buckets.layout(SIZES, buckets.bucket_bytes(sum(SIZES), 2, None))
+    toolkit = network.VARIANTS["toolkit"]  # the default: one bucket, the hosts' core is busy
+    default = network.plan_inputs(row(), toolkit)
+    assert default["buffers"] == 1 and default["last_bytes"] is None
+    bucketed = network.Variant("b8", "modern", "toolkit", ("optimizer.bucket_mb=8",))
+    inputs = network.plan_inputs(row(), bucketed)
+    layout = buckets.layout(SIZES, buckets.bucket_bytes(sum(SIZES), 2, 8))
     assert inputs["buffers"] == len(layout) > 1
     assert inputs["last_bytes"] == sum(SIZES[i] for i in layout[-1])
     assert inputs["wire_bytes"] == sum(SIZES) and inputs["reduction"] == "flat"
     one = network.plan_inputs(row(), network.VARIANTS["toolkit-one-group"])
     assert one["buffers"] == 1 and one["last_bytes"] is None  # nothing overlaps
     fp16 = network.plan_inputs(row(), network.VARIANTS["toolkit-fp16"])
-    assert fp16["wire_bytes"] == sum(SIZES) / 2 and fp16["last_bytes"] == inputs["last_bytes"] / 2
+    assert fp16["wire_bytes"] == sum(SIZES) / 2 and fp16["last_bytes"] is None
     # 2 hosts x 2 slots: the default follows the toolkit's rule; two-level where asked.
     rule = reduction.reduction_rule("auto", [2, 2], elastic=False, dynamic_process_sets=True)
     assert network.plan_inputs(row(layout="2x2"), toolkit)["reduction"] == rule
