@@ -15,9 +15,12 @@ Closed forms, per allreduce of S bytes, what h2 sends and receives each way:
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import jobs  # tests/integration/jobs.py: bounded jobs that leave nothing behind
+import parallel_report  # tests/integration/parallel_report.py: the verdict on a parallel launch
 import pytest
 from hosts import Cluster, counters
 
@@ -86,3 +89,25 @@ def test_every_reduction_gave_the_same_bytes_of_result():
     # After the cases above (same module, in order): flat and two-level results are bit-equal.
     assert len(_results) == len(CASES), sorted(_results)
     assert len({run["sha256"] for run in _results.values()}) == 1, _results
+
+
+@pytest.mark.parametrize("stack", ["modern", "classic"])
+def test_the_optimizers_train_like_one_process_with_two_level_reduction(cluster: Cluster, stack):
+    """The equivalence suite (N ranks equal one process with the global batch) at 2 x 2 with
+    every DistributedOptimizer reducing two-level (HVD_TRAIN_REDUCTION overrides `auto`), on the
+    toolkit's Keras 3 optimizer and on Keras 2's Horovod optimizer routed through it."""
+    suite = "tests/parallel/test_equivalence.py"
+    skips = {t: c for t, c in parallel_report.EXPECTED_SKIPS.items() if t.startswith(suite)}
+    venv = os.environ.get("HVD_TRAIN_CLASSIC_VENV", str(jobs.REPO / ".venv-classic"))
+    python = jobs.PYTHON if stack == "modern" else str(Path(venv) / "bin" / "python")
+    out = cluster.state / "shared" / f"two-level-{stack}"
+    out.mkdir()
+    argv = [python, "-m", "hvd_train.core.launch", "--np", "4", "--hosts", "h1:2,h2:2", "--"]
+    argv += [python, "-m", "pytest", suite, "-q", "-p", "no:cacheprovider"]
+    env = {**cluster.env(), "HVD_TRAIN_TEST_OUT": str(out), "HVD_TRAIN_REDUCTION": "two_level"}
+    env["PATH"] = f"{Path(python).parent}:{env['PATH']}"
+    job = jobs.run(argv, 900, env=env)
+    reports = parallel_report.read(out)
+    found = parallel_report.problems(reports, parallel_report.Launch(4, "mpi", stack), skips)
+    assert job.returncode == 0 and not found, "\n".join([*found, job.tail()])
+    print(f"two-level {stack}: {parallel_report.summary(reports)} per rank in {job.seconds:.0f} s")
