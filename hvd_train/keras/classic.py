@@ -19,8 +19,8 @@ from hvd_train import comm
 
 # Horovod's own Keras 2 optimizer is part of the backend: the one use of it outside hvd_train.comm.
 from hvd_train.comm import horovod as backend
-from hvd_train.core import buckets
 from hvd_train.keras import compat
+from hvd_train.keras import optimizer as optimizer_lib
 from hvd_train.keras import stop as stop_flags
 
 
@@ -130,14 +130,14 @@ def _reduce_in_buckets(
     wrapped. None run with one worker."""
     count = tf.Variable(0, dtype=tf.int64, trainable=False, name="hvd_allreduce_count")
     object.__setattr__(optimizer, "_hvd_train_allreduce_count", count)
-    object.__setattr__(optimizer, "_hvd_bucket_mb", bucket_mb)
     if comm.size() == 1:
         return
     one_group = optimizer._allreduce_grads
 
     def reduce(grads: Any, variables: Any, use_generic_names: bool) -> Any:
         present = [i for i, g in enumerate(grads) if g is not None]
-        layout = bucket_layout(optimizer, [variables[i] for i in present]) if variables else []
+        chosen = [variables[i] for i in present] if variables else []
+        layout = optimizer_lib.bucket_layout(chosen, bucket_mb)
         if reduction == "two_level":
             return _two_level(grads, present, layout, options)
         if len(layout) <= 1:
@@ -177,22 +177,7 @@ def _two_level(
         postscale_factor=predivide,
         reduction="two_level",
     )
-    out = list(grads)
-    for bucket, group in zip(layout, reduced, strict=True):
-        for j, tensor in zip(bucket, group, strict=True):
-            out[present[j]] = tensor
-    return out
-
-
-def bucket_layout(optimizer: Any, variables: list[Any]) -> list[list[int]]:
-    """The buckets of these variables' gradients (indices, in the order sent), as on Keras 3."""
-    if compat.is_loss_scale_optimizer(optimizer):
-        optimizer = optimizer.inner_optimizer
-    nbytes = [v.shape.num_elements() * v.dtype.size for v in variables]
-    size = buckets.bucket_bytes(
-        sum(nbytes), comm.cross_size(), optimizer._hvd_bucket_mb, comm.spare_cpu()
-    )
-    return buckets.layout(nbytes, size)
+    return optimizer_lib.in_place_of(grads, present, layout, reduced)
 
 
 def is_distributed(optimizer: Any) -> bool:

@@ -101,7 +101,7 @@ class _DistributedOptimizer:
         tensors = [tf.convert_to_tensor(grads[i]) for i in present]
         # One grouped allreduce per bucket, last layers first: each depends only on its own
         # gradients, so the traced step starts it while the backward pass is still running.
-        layout = self.bucket_layout(tensors)
+        layout = bucket_layout(tensors, self._hvd_bucket_mb)
         groups = [[tensors[j] for j in bucket] for bucket in layout]
         # The stop flag travels with the last bucket: see keras/stop.py.
         flags = stop_flags.flags_of(self)
@@ -117,25 +117,32 @@ class _DistributedOptimizer:
         )
         reduced[-1] = stop_flags.without_flag(reduced[-1], flags, len(layout[-1]))
         self._hvd_allreduce_count.assign_add(1)
-        out = list(grads)
-        for bucket, group in zip(layout, reduced, strict=True):
-            for j, tensor in zip(bucket, group, strict=True):
-                out[present[j]] = tensor
-        return out
-
-    def bucket_layout(self, tensors: list[Any]) -> list[list[int]]:
-        """The buckets of these gradients (indices into `tensors`, in the order sent): fixed by
-        their sizes and the job's topology (`core.buckets`)."""
-        nbytes = [t.shape.num_elements() * t.dtype.size for t in tensors]
-        size = buckets.bucket_bytes(
-            sum(nbytes), comm.cross_size(), self._hvd_bucket_mb, comm.spare_cpu()
-        )
-        return buckets.layout(nbytes, size)
+        return in_place_of(grads, present, layout, reduced)
 
     @property
     def allreduce_count(self) -> int:
         """How many updates' gradients this optimizer has allreduced (0 before the first step)."""
         return int(self._hvd_allreduce_count.numpy()) if self.built else 0
+
+
+def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]:
+    """The buckets of gradients shaped like these tensors or variables (indices into `values`, in
+    the order sent): fixed by their sizes and the job's topology (`core.buckets`)."""
+    nbytes = [v.shape.num_elements() * v.dtype.size for v in values]
+    size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu())
+    return buckets.layout(nbytes, size)
+
+
+def in_place_of(
+    grads: list[Any], present: list[int], layout: list[list[int]], reduced: list[list[Any]]
+) -> list[Any]:
+    """`grads` with each present gradient replaced by its reduced value (`reduced` per bucket of
+    `layout`, whose indices count the present gradients only)."""
+    out = list(grads)
+    for bucket, group in zip(layout, reduced, strict=True):
+        for j, tensor in zip(bucket, group, strict=True):
+            out[present[j]] = tensor
+    return out
 
 
 def DistributedOptimizer(
