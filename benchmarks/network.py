@@ -780,6 +780,10 @@ def plot(result: dict, out: Path, name: str = "network") -> list[Path]:
                         y = [r["variants"][variant]["hidden"] for r in stack_rows]
                         ax.plot(x, y, marker="o", color=color, label=variant)
             ax.set_xscale("log")
+            # Ticks at the measured rates only: log minor labels collide over a short span.
+            rates = sorted({r["link"]["mb_per_s"] for r in rows})
+            ax.set_xticks(rates, [f"{rate:.0f}" for rate in rates])
+            ax.minorticks_off()
             ax.set(title=label, xlabel="link (MB/s, selftest)")
             ax.title.set_fontsize(8)
             ax.grid(alpha=0.3, which="both")
