@@ -4,7 +4,7 @@
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
 #          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|network|
-#           large-batch|all}
+#           large-batch|sharded-state|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -76,10 +76,15 @@ large_batch() {
   # Accuracy against the global batch per learning-rate recipe: docs/large-batch.md.
   run "$VENV/bin/python" -m benchmarks.large_batch --out "$OUT"
 }
+sharded_state() {
+  # Per-rank optimizer bytes and peak RSS, Adam sharded or not, N = 1, 2, 4: docs/knobs.md.
+  run "$VENV/bin/python" -m benchmarks.sharded_state --out "$OUT"
+}
 
 case "${1:-}" in
   allreduce | scaling | plan | models | peers | overhead | cycle | controllers | stacks | network) "$1" ;;
   large-batch) large_batch ;;
+  sharded-state) sharded_state ;;
   all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers; stacks ;;
   *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

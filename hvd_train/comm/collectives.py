@@ -147,7 +147,12 @@ def alltoall(
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Send `splits[r]` rows (first axis; None: equal parts) of the tensor to rank r; returns the
     rows received, concatenated in rank order, and how many came from each rank."""
-    return backend.alltoall(tf.convert_to_tensor(tensor), splits, name, process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    if splits is None:
+        # Horovod returns the received splits only when given splits: equal parts, explicitly.
+        ranks = len(process_set_ranks(process_set))
+        splits = tf.fill([ranks], tf.shape(tensor, out_type=tf.int32)[0] // ranks)
+    return backend.alltoall(tensor, splits, name, process_set)
 
 
 def barrier(process_set: Any = None) -> None:

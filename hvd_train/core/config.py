@@ -140,6 +140,10 @@ class OptimizerConfig:
         then within each host: each host sends a bucket's bytes once each way; for slow links,
         as many ranks on every host, not elastic) or "auto" (flat: the measured rule of
         `hvd_train.comm.reduction`). HVD_TRAIN_REDUCTION overrides it.
+      shard_state: each rank holds and updates 1/N of the optimizer state (ZeRO stage 1:
+        gradients reduce-scattered, updated shards allgathered; `hvd_train.keras.sharded`). Modern
+        stack; not with lars or lamb, accumulation, two_level or --elastic; `hvd-train train`
+        refuses it until its checkpoints gather the shards.
     """
 
     name: str = "sgd"
@@ -159,6 +163,7 @@ class OptimizerConfig:
     gradient_predivide_factor: float = 1.0
     bucket_mb: float | None = None
     reduction: str = "auto"
+    shard_state: bool = False
 
 
 @dataclass
@@ -454,6 +459,16 @@ def validate(config: Config, size: int | None = None) -> None:
     _check_min("optimizer.backward_passes_per_step", opt.backward_passes_per_step, 1)
     factor = opt.gradient_predivide_factor
     _check(factor > 0, "optimizer.gradient_predivide_factor", "must be > 0", factor)
+    if opt.shard_state:
+        rule = (
+            f"is not supported with optimizer.name {opt.name!r} "
+            "(its trust ratio needs whole tensors)"
+        )
+        _check(opt.name not in ("lars", "lamb"), "optimizer.shard_state", rule, opt.shard_state)
+        rule = "is not supported with optimizer.backward_passes_per_step > 1"
+        _check(opt.backward_passes_per_step == 1, "optimizer.shard_state", rule, opt.shard_state)
+        rule = "is not supported with optimizer.reduction 'two_level' (it reduce-scatters flat)"
+        _check(opt.reduction != "two_level", "optimizer.shard_state", rule, opt.shard_state)
 
     ckpt = config.checkpoint
     _check_min("checkpoint.keep_last", ckpt.keep_last, 1)
@@ -486,7 +501,8 @@ def check_elastic(config: Config) -> None:
     straddle a change of workers).
 
     Raises:
-      ConfigError: train.global_batch_size set, or optimizer.backward_passes_per_step > 1.
+      ConfigError: train.global_batch_size set, optimizer.backward_passes_per_step > 1, or
+        optimizer.shard_state.
     """
     rule = "must be null with --elastic (set train.per_rank_batch_size: the worker count changes)"
     global_batch = config.train.global_batch_size
@@ -494,6 +510,8 @@ def check_elastic(config: Config) -> None:
     passes = config.optimizer.backward_passes_per_step
     rule = "must be 1 with --elastic (accumulated gradients would straddle a change of workers)"
     _check(passes == 1, "optimizer.backward_passes_per_step", rule, passes)
+    rule = "must be false with --elastic (the shards would not follow a change of workers)"
+    _check(not config.optimizer.shard_state, "optimizer.shard_state", rule, True)
 
 
 def resolved_batch_sizes(config: Config, size: int) -> tuple[int, int]:

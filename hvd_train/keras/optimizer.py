@@ -23,6 +23,8 @@ gradients while the backward pass still computes the early ones.
 
 from __future__ import annotations
 
+import itertools
+import warnings
 from typing import Any
 
 import keras
@@ -33,7 +35,7 @@ from hvd_train.core import buckets
 from hvd_train.keras import compat
 from hvd_train.keras import stop as stop_flags
 
-_classes: dict[type, type] = {}
+_classes: dict[tuple[type, bool], type] = {}
 
 
 class _DistributedOptimizer:
@@ -62,8 +64,11 @@ class _DistributedOptimizer:
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
             self.built = True
+        variables = list(
+            self._trainable_variables if trainable_variables is None else trainable_variables
+        )
         if self._hvd_passes == 1:
-            super().apply(self._hvd_allreduce(grads), trainable_variables)
+            super().apply(self._hvd_allreduce(grads, variables), trainable_variables)
             return
         for acc, grad in zip(self._hvd_accumulators, grads, strict=True):
             if grad is not None:
@@ -79,7 +84,7 @@ class _DistributedOptimizer:
                 summed = [None if g is None else g / self._hvd_passes for g in summed]
             # Explicit super(): zero-argument super() does not work inside a nested function.
             super(_DistributedOptimizer, self).apply(
-                self._hvd_allreduce(summed), trainable_variables
+                self._hvd_allreduce(summed, variables), trainable_variables
             )
             for acc in self._hvd_accumulators:
                 acc.assign(tf.zeros_like(acc))
@@ -89,11 +94,55 @@ class _DistributedOptimizer:
         # inside it runs on every rank or on none.
         tf.cond(passes % self._hvd_passes == 0, reduce_and_apply, lambda: tf.constant(False))
 
-    def _hvd_allreduce(self, grads: list[Any]) -> list[Any]:
-        if comm.size() == 1:
+    # Keras's saved form (model.save, save_weights) holds the wrapped optimizer's variables only,
+    # not the counters and accumulators added here: a saved model loads as the plain optimizer,
+    # with its state.
+    def _hvd_saved_variables(self) -> list[Any]:
+        added = [self._hvd_allreduce_count, *getattr(self, "_hvd_accumulators", ())]
+        added += [getattr(self, "_hvd_pass_count", None)]
+        ids = {id(v) for v in added if v is not None}
+        return [v for v in self.variables if id(v) not in ids]
+
+    def save_own_variables(self, store: Any) -> None:
+        if not self.built:
+            super().save_own_variables(store)
+            return
+        for i, variable in enumerate(self._hvd_saved_variables()):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        if not self.built:
+            super().load_own_variables(store)  # Keras's warning: nothing to load into yet
+            return
+        variables = self._hvd_saved_variables()
+        if len(store.keys()) != len(variables):
+            warnings.warn(
+                f"Skipping variable loading for optimizer {self.name!r}: it has "
+                f"{len(variables)} variables, the saved optimizer {len(store.keys())}",
+                stacklevel=2,
+            )
+            return
+        for i, variable in enumerate(variables):
+            variable.assign(store[str(i)])
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep this variable's gradient local: it is never allreduced (a layer each rank trains
+        on its own, e.g. model parallelism); with `scale_local_gradients`, it is divided by the
+        number of ranks, as Horovod does. Register before the first step (it is traced then)."""
+        self._hvd_local.add(id(var))
+
+    def _hvd_allreduce(self, grads: list[Any], variables: list[Any]) -> list[Any]:
+        ranks = len(comm.process_set_ranks(self._hvd_process_set))
+        if ranks == 1:
             # Nothing to average; keeps the one-worker step free of Horovod.
             return grads
-        present = [i for i, g in enumerate(grads) if g is not None]
+        local = {i for i, v in enumerate(variables) if id(v) in self._hvd_local}
+        if local and self._hvd_scale_local:
+            grads = [
+                tf.convert_to_tensor(g) / ranks if i in local and g is not None else g
+                for i, g in enumerate(grads)
+            ]
+        present = [i for i, g in enumerate(grads) if g is not None and i not in local]
         if not present:
             return grads
         # Embedding gradients arrive as IndexedSlices; densified, they join their bucket's fused
@@ -101,7 +150,10 @@ class _DistributedOptimizer:
         tensors = [tf.convert_to_tensor(grads[i]) for i in present]
         # One grouped allreduce per bucket, last layers first: each depends only on its own
         # gradients, so the traced step starts it while the backward pass is still running.
-        layout = bucket_layout(tensors, self._hvd_bucket_mb)
+        if self._hvd_groups is None:
+            layout = bucket_layout(tensors, self._hvd_bucket_mb)
+        else:
+            layout = group_layout(self._hvd_groups, [variables[i] for i in present])
         groups = [[tensors[j] for j in bucket] for bucket in layout]
         # The stop flag travels with the last bucket: see keras/stop.py.
         flags = stop_flags.flags_of(self)
@@ -113,6 +165,7 @@ class _DistributedOptimizer:
             prescale_factor=1.0 / self._hvd_predivide,
             # Horovod's Average divides by size after this postscale: together, a mean.
             postscale_factor=self._hvd_predivide,
+            process_set=self._hvd_process_set,
             reduction=self._hvd_reduction,
         )
         reduced[-1] = stop_flags.without_flag(reduced[-1], flags, len(layout[-1]))
@@ -131,6 +184,26 @@ def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]
     nbytes = [v.shape.num_elements() * v.dtype.size for v in values]
     size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu())
     return buckets.layout(nbytes, size)
+
+
+def group_layout(groups: int | list[list[Any]], variables: list[Any]) -> list[list[int]]:
+    """Explicit groups (Horovod's `groups`) as a bucket layout over `variables`, the variables
+    whose gradients are sent, in order: an int n splits them into n contiguous groups of near
+    equal count; a list of lists of variables makes each list one group, and every variable in
+    none a group of its own, after them."""
+    if isinstance(groups, int):
+        count, extra = divmod(len(variables), groups)
+        bounds = [i * count + min(i, extra) for i in range(groups + 1)]
+        return [list(range(a, b)) for a, b in itertools.pairwise(bounds) if b > a]
+    group_of = {id(v): g for g, group in enumerate(groups) for v in group}
+    layout: list[list[int]] = [[] for _ in groups]
+    alone = []
+    for j, var in enumerate(variables):
+        if id(var) in group_of:
+            layout[group_of[id(var)]].append(j)
+        else:
+            alone.append([j])
+    return [bucket for bucket in layout if bucket] + alone
 
 
 def in_place_of(
@@ -154,6 +227,10 @@ def DistributedOptimizer(
     average_aggregated_gradients: bool = True,
     bucket_mb: float | None = None,
     reduction: str = "auto",
+    groups: int | list[list[Any]] | None = None,
+    process_set: Any = None,
+    scale_local_gradients: bool = True,
+    shard_state: bool = False,
 ) -> keras.optimizers.Optimizer:
     """Make a Keras optimizer average its gradients over all ranks before each update.
 
@@ -186,14 +263,25 @@ def DistributedOptimizer(
         (within each host, across hosts, within each host again: `comm.reduction`), or "auto"
         (the topology's rule, `comm.resolve_reduction`; HVD_TRAIN_REDUCTION overrides it). Choosing
         is a collective where the mode is not "flat": every rank creates its optimizer alike.
+      groups: explicit buckets instead of `bucket_mb`'s (Horovod's `groups`): an int n > 0, n
+        groups of near equal count in variable order; or lists of the model's variables, one
+        group each (the others one group apiece). Modern stack only.
+      process_set: reduce over these ranks only (a `comm.ProcessSet`; None: all ranks, Average
+        then divides by the set's size; reduction "flat"). Modern stack only.
+      scale_local_gradients: divide the gradients of variables registered with
+        `optimizer.register_local_var` (never allreduced) by the number of ranks (Horovod's).
+      shard_state: each rank holds and updates 1/N of the optimizer's state: gradients
+        reduce-scattered, updated shards allgathered (ZeRO stage 1, `keras.sharded`). Modern
+        stack only.
 
     Returns:
       The optimizer to compile with (see the contract above).
 
     Raises:
       ValueError: an unsupported op, a non-positive factor or pass count, a negative bucket size,
-        an unknown reduction or "two_level" where it cannot run, or an optimizer that is already
-        distributed.
+        an unknown reduction or "two_level" where it cannot run, bad `groups`, `groups` or
+        `process_set` on the classic stack, an optimizer that is already distributed, or
+        `shard_state` with what it cannot shard (`keras.sharded.check`).
     """
     if op not in (comm.Average, comm.Sum):
         raise ValueError(f"op must be hvd_train.Average or hvd_train.Sum, got {op!r}")
@@ -208,13 +296,29 @@ def DistributedOptimizer(
         )
     if bucket_mb is not None and not bucket_mb >= 0:
         raise ValueError(f"bucket_mb must be >= 0 or None, got {bucket_mb!r}")
+    if groups is not None and not (
+        (isinstance(groups, int) and groups > 0)
+        or (isinstance(groups, list) and all(isinstance(g, list | tuple) for g in groups))
+    ):
+        raise ValueError(f"groups must be an int > 0 or a list of lists of variables: {groups!r}")
+    if compat.CLASSIC and (groups is not None or process_set is not None):
+        raise ValueError(
+            "groups and process_set: modern stack only (on Keras 2, Horovod's own "
+            "horovod.tensorflow.keras.DistributedOptimizer takes them)"
+        )
     if is_distributed(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
     if compat.optimizer_built(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already built: distribute it before use")
     # Every rank alike; with one worker (or before `init`) flat, the mode still checked.
     several = comm.is_initialized() and comm.size() > 1
+    if process_set is not None and reduction == "auto":
+        reduction = "flat"  # two-level runs over all ranks only
     reduction = comm.resolve_reduction(reduction) if several else _checked(reduction)
+    if shard_state:
+        from hvd_train.keras import sharded  # imports this module
+
+        sharded.check(optimizer, backward_passes_per_step, reduction, groups, process_set)
     if compat.CLASSIC:
         from hvd_train.keras import classic
 
@@ -233,13 +337,16 @@ def DistributedOptimizer(
     ):
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
-    if base not in _classes:
-        _classes[base] = type(
+    mixins: tuple[type, ...] = (_DistributedOptimizer,)
+    if shard_state:
+        mixins = (sharded.ShardedOptimizer, *mixins)
+    if (base, shard_state) not in _classes:
+        _classes[base, shard_state] = type(
             base.__name__,
-            (_DistributedOptimizer, base),
+            (*mixins, base),
             {"__module__": base.__module__, "__qualname__": base.__qualname__},
         )
-    object.__setattr__(optimizer, "__class__", _classes[base])
+    object.__setattr__(optimizer, "__class__", _classes[base, shard_state])
     optimizer._hvd_op = op
     optimizer._hvd_compression = compression
     optimizer._hvd_predivide = float(gradient_predivide_factor)
@@ -247,6 +354,10 @@ def DistributedOptimizer(
     optimizer._hvd_average_aggregated = average_aggregated_gradients
     optimizer._hvd_bucket_mb = bucket_mb
     optimizer._hvd_reduction = reduction
+    optimizer._hvd_groups = groups
+    optimizer._hvd_process_set = process_set
+    optimizer._hvd_scale_local = scale_local_gradients
+    optimizer._hvd_local = set()
     stop_flags.attach(optimizer)
     return optimizer
 

@@ -64,6 +64,12 @@ def train_and_evaluate(
       UserError: a config, model, data, run directory or checkpoint problem (one line; the same
         on every rank).
     """
+    if config.optimizer.shard_state:
+        raise config_lib.ConfigError(
+            "optimizer.shard_state: not yet with hvd-train train (its checkpoints would hold rank "
+            "0's shard of the optimizer state only); use hvd_train.DistributedOptimizer(opt, "
+            "shard_state=True) in your own model.fit"
+        )
     started = time.monotonic()
     # First: a signal from now on stops the job at an agreed step instead of killing this rank.
     stop = faults.StopRequest(config.fault.stop_signals)

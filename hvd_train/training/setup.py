@@ -140,12 +140,22 @@ def make_schedule(config: Config, global_batch_size: int, updates_per_epoch: flo
 def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
     """Compile `model` with the configured optimizer inside Horovod's gradient averaging, and
     build the optimizer's variables now (a checkpoint restore or a broadcast needs them).
-    Returns the distributed optimizer."""
+    Returns the distributed optimizer.
+
+    Raises:
+      ConfigError: "two_level" where this job cannot run it, or optimizer.shard_state on the
+        classic stack.
+    """
     import keras
 
+    from hvd_train.keras import compat
     from hvd_train.keras.optimizer import DistributedOptimizer
 
     opt_cfg = config.optimizer
+    if opt_cfg.shard_state and compat.CLASSIC:
+        raise config_lib.ConfigError(
+            "optimizer.shard_state: needs the modern stack (Keras 3); the classic stack has none"
+        )
     try:
         # Every rank alike: choosing the reduction is a collective unless it is "flat".
         optimizer = DistributedOptimizer(
@@ -155,6 +165,7 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
             backward_passes_per_step=opt_cfg.backward_passes_per_step,
             bucket_mb=opt_cfg.bucket_mb,
             reduction=opt_cfg.reduction,
+            shard_state=opt_cfg.shard_state,
         )
     except ValueError as err:  # "two_level" where this job cannot run it (the same on every rank)
         raise config_lib.ConfigError(f"optimizer.reduction: {err}") from None

@@ -378,6 +378,18 @@ BAD_YAML = [
         "optimizer.gradient_predivide_factor: must be > 0, got 0.0",
     ),
     (
+        "optimizer: {shard_state: true, name: lamb}\n",
+        "optimizer.shard_state: is not supported with optimizer.name 'lamb' (its trust ratio",
+    ),
+    (
+        "optimizer: {shard_state: true, backward_passes_per_step: 2}\n",
+        "optimizer.shard_state: is not supported with optimizer.backward_passes_per_step > 1",
+    ),
+    (
+        "optimizer: {shard_state: true, reduction: two_level}\n",
+        "optimizer.shard_state: is not supported with optimizer.reduction 'two_level'",
+    ),
+    (
         "train: {per_rank_batch_size: 32, global_batch_size: 64}\n",
         "train: set exactly one of per_rank_batch_size and global_batch_size (the other null), "
         "got per_rank_batch_size=32, global_batch_size=64",
@@ -579,4 +591,8 @@ def test_elastic_section_and_what_elastic_training_needs():
     accumulating = config.load(None, ["optimizer.backward_passes_per_step=2"])
     assert error_of(config.check_elastic, accumulating).startswith(
         "optimizer.backward_passes_per_step: must be 1 with --elastic"
+    )
+    sharded = config.load(None, ["optimizer.shard_state=true"])
+    assert error_of(config.check_elastic, sharded).startswith(
+        "optimizer.shard_state: must be false with --elastic"
     )

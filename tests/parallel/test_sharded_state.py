@@ -1,0 +1,170 @@
+"""Sharded optimizer state (`DistributedOptimizer(opt, shard_state=True)`, keras/sharded.py) trains
+exactly like the unsharded distributed optimizer, while each rank holds 1/N of the state.
+
+Each test runs the same k steps on the same per-rank batches twice, sharded and unsharded, and
+compares the weights; a negative control shows each comparison can fail (a run that differs in
+the one thing the test is about misses by far more than the tolerance).
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from util import DIGITS_X, DIGITS_Y, LOSS, max_abs_diff, mlp, rank_seed, spread_over_ranks, weights
+
+import hvd_train
+from hvd_train import comm
+from hvd_train.keras import compat, large_batch, sharded
+from hvd_train.keras import stop as stop_flags
+
+pytestmark = pytest.mark.skipif(compat.CLASSIC, reason="shard_state: the modern stack only")
+
+PER_RANK = 8
+STEPS = 3
+TOL = 1e-6
+
+
+def rank_batches(steps):
+    """This rank's samples: in step u, rank r reads block u*N + r of PER_RANK samples."""
+    n, r = comm.size(), comm.rank()
+    return np.concatenate([np.arange(PER_RANK) + PER_RANK * (u * n + r) for u in range(steps)])
+
+
+def train(make_optimizer, shard_state, x=None, steps=STEPS):
+    """`steps` updates of the digits MLP from rank 0's initial weights; returns the model."""
+    ids = rank_batches(steps)
+    x = DIGITS_X[ids] if x is None else x
+    model = mlp(rank_seed())
+    optimizer = hvd_train.DistributedOptimizer(make_optimizer(), shard_state=shard_state)
+    model.compile(optimizer=optimizer, loss=LOSS)
+    data = tf.data.Dataset.from_tensor_slices((x, DIGITS_Y[ids])).batch(PER_RANK)
+    model.fit(
+        data,
+        epochs=1,
+        steps_per_epoch=steps,
+        callbacks=[hvd_train.BroadcastInitialState()],
+        verbose=0,
+        shuffle=False,
+    )
+    return model
+
+
+CASES = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.5, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: large_batch.AdamW(0.01, weight_decay=0.1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sharded_updates_equal_the_unsharded_ones(case):
+    got = weights(train(CASES[case], True))
+    spread = spread_over_ranks(got)
+    expected = weights(train(CASES[case], False))
+    # Negative control: one update fewer (what losing any shard's update would look like).
+    short = weights(train(CASES[case], False, steps=STEPS - 1))
+
+    assert spread == 0.0, f"ranks disagree by {spread}"
+    assert max_abs_diff(got, expected) < TOL
+    assert max_abs_diff(short, expected) > 100 * TOL
+
+
+@pytest.mark.parametrize("clip", ["global_clipnorm", "clipnorm"])
+def test_clipping_uses_the_norm_over_all_shards(clip):
+    def make():
+        return keras.optimizers.SGD(0.5, momentum=0.9, **{clip: 0.05})
+
+    got = weights(train(make, True))
+    expected = weights(train(make, False))
+    unclipped = weights(train(lambda: keras.optimizers.SGD(0.5, momentum=0.9), False))
+
+    assert max_abs_diff(got, expected) < TOL
+    # Negative control: the threshold bites, so a norm over one shard only would clip otherwise.
+    assert max_abs_diff(unclipped, expected) > 100 * TOL
+
+
+def test_an_overflow_on_one_rank_skips_the_step_on_every_rank():
+    """mixed_float16: one rank's batch holds an inf at step 2; the global finite check makes
+    every rank skip that update (no rank waits in a collective the others skipped: the launch
+    runs under a timeout) and halve its loss scale alike."""
+    ids = rank_batches(STEPS)
+    x = DIGITS_X[ids].copy()
+    if comm.rank() == comm.size() - 1:
+        x[PER_RANK, 0] = np.inf  # the first sample of this rank's second batch
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = train(lambda: keras.optimizers.Adam(0.01), True, x)
+        scales = comm.allgather_object(compat.loss_scale(model.optimizer))
+        got = weights(model)
+        expected = weights(train(lambda: keras.optimizers.Adam(0.01), False, x))
+        finite = weights(train(lambda: keras.optimizers.Adam(0.01), False))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    spread = spread_over_ranks(got)
+
+    assert spread == 0.0, f"ranks disagree by {spread}"
+    assert len(set(scales)) == 1 and scales[0] < 32768.0, scales  # halved once, on every rank
+    assert max_abs_diff(got, expected) < TOL
+    # Negative control: without the inf no step is skipped, and the weights end elsewhere.
+    assert max_abs_diff(finite, expected) > 100 * TOL
+
+
+def test_each_rank_holds_its_share_of_the_optimizer_state():
+    """Adam: two slots and the weight shard per variable, its elements cut as Horovod's
+    reduce-scatter cuts them; the unsharded Adam holds two whole slots. The scalars (iterations,
+    learning rate, counters) are the same few bytes either way."""
+    model = train(CASES["adam"], True, steps=1)
+    plain = train(CASES["adam"], False, steps=1)
+    n, r = comm.size(), comm.rank()
+    sizes = [math.prod(v.shape) for v in model.trainable_variables]
+    mine = sum(3 * sharded.split_of(size, n, r)[1] for size in sizes)
+    params = sum(sizes)
+    scalars = sharded.state_bytes(model.optimizer) - tensor_bytes(model.optimizer.shard_variables)
+    held = comm.allgather_object(tensor_bytes(model.optimizer.shard_variables))
+    whole = sharded.state_bytes(plain.optimizer) - scalars
+
+    assert held[r] == 4 * mine
+    assert sum(held) == 4 * 3 * params  # the shards tile every variable exactly once
+    # 1/N each, up to one element per variable and value kind.
+    assert max(held) - min(held) <= 4 * 3 * len(sizes)
+    assert whole == 4 * 2 * params
+    # Negative control: with several ranks, a rank's share is smaller than the unsharded state.
+    assert n == 1 or held[r] < whole
+
+
+def tensor_bytes(variables):
+    return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in variables)
+
+
+def test_the_stop_flag_rides_the_sharded_step():
+    model = train(CASES["sgd_momentum"], True, steps=1)
+    optimizer = model.optimizer
+    if comm.rank() == comm.size() - 1:
+        stop_flags.request_stop(optimizer)  # one rank asks: every rank must learn it in the step
+    before = comm.allgather_object(stop_flags.stop_agreed(optimizer))
+    ids = rank_batches(1)
+    model.fit(DIGITS_X[ids], DIGITS_Y[ids], batch_size=PER_RANK, epochs=1, verbose=0)
+    agreed = comm.allgather_object(stop_flags.stop_agreed(optimizer))
+
+    assert all(agreed), agreed
+    # Negative control: before the step only the asking rank knew (with several ranks).
+    assert comm.size() == 1 or not all(before), before
+
+
+@pytest.mark.parametrize(
+    ("make", "options", "match"),
+    [
+        (lambda: large_batch.Lars(0.1), {}, "trust ratio"),
+        (lambda: large_batch.Lamb(0.1), {}, "trust ratio"),
+        (lambda: keras.optimizers.SGD(0.1), {"backward_passes_per_step": 2}, "backward_passes"),
+        (lambda: keras.optimizers.Adafactor(0.1), {}, "shape"),
+        (lambda: keras.optimizers.SGD(0.1, use_ema=True), {}, "use_ema"),
+    ],
+    ids=["lars", "lamb", "accumulation", "adafactor", "use_ema"],
+)
+def test_what_a_shard_cannot_do_is_refused(make, options, match):
+    with pytest.raises(ValueError, match=match):
+        hvd_train.DistributedOptimizer(make(), shard_state=True, **options)
+    hvd_train.DistributedOptimizer(make(), **options)  # control: accepted unsharded
