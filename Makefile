@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 LAUNCHER ?= mpirun
 
-.PHONY: help install train example test test-unit test-parallel test-cluster bench plan lint format doctor nccl-check
+.PHONY: help install train example test test-full test-unit test-parallel test-cluster bench plan lint format doctor nccl-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,6 +27,15 @@ example: install ## the API example: a plain Keras script distributed in a few l
 
 test: ## install, then every test tier, with a table of stage times at the end
 	bash tests/run.sh
+
+HOROVOD_SRC ?=
+
+test-full: ## make test, then what CI has neither the time nor the network for (HOROVOD_SRC=a Horovod clone)
+	@[ -n "$(HOROVOD_SRC)" ] || { echo "test-full: HOROVOD_SRC= must name a Horovod source tree \
+	  (git clone https://github.com/horovod/horovod): its examples run against hvd_train.horovod"; exit 2; }
+	bash tests/run.sh
+	HVD_TRAIN_HOROVOD_SRC=$(HOROVOD_SRC) PATH=$(VENV)/bin:$$PATH timeout 10800 $(PY) -m pytest \
+	  tests/horovod_examples -v -p no:cacheprovider --durations=0
 
 test-unit: ## one process, no launcher
 	$(PY) -m pytest tests/unit -q
