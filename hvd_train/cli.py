@@ -279,16 +279,64 @@ def cmd_selftest(argv: Sequence[str]) -> int:
     return selftest.run(_selftest_options(argv))
 
 
-def cmd_plan(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="hvd-train plan", description="predicted scaling at 8..1024 workers")
-    parser.add_argument(
-        "--workers", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256, 512, 1024]
-    )
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    args = parser.parse_args(argv)
-    from hvd_train.bench import runner
+def _dims(text: str) -> tuple[int, ...]:
+    """ "224,224,3" -> (224, 224, 3)."""
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 224,224,3, got {text!r}")
+    return dims
 
-    runner.plan(args.workers, args.out)
+
+def cmd_plan(argv: Sequence[str]) -> int:
+    parser = _Parser(
+        prog="hvd-train plan",
+        description="predicted scaling at 8..1024 workers, or (--memory) the memory per rank",
+    )
+    parser.add_argument("--workers", type=int, nargs="+", help="default 8..1024; --memory: 1 2 4 8")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    memory = parser.add_argument_group("memory per rank (--memory MODEL)")
+    memory.add_argument("--memory", metavar="MODEL", help="a zoo model: print its bytes per rank")
+    memory.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    memory.add_argument("--optimizer", default="adam", help="sgd, adam, adamw, lamb, lion, lars")
+    memory.add_argument("--momentum", type=float, default=0.9, help="SGD's (0: no slot)")
+    memory.add_argument("--input-shape", type=_dims, help="e.g. 224,224,3 (default: the model's)")
+    memory.add_argument("--classes", type=int, help="default: the model's")
+    memory.add_argument("--mixed-precision", action="store_true", help="mixed_float16 activations")
+    args = parser.parse_args(argv)
+    if args.workers is not None and min(args.workers) < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    if args.memory is None:
+        from hvd_train.bench import runner
+
+        runner.plan(args.workers or [8, 16, 32, 64, 128, 256, 512, 1024], args.out)
+        return 0
+    from hvd_train.bench import memory as memory_lib
+
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    try:
+        memory_lib.slots(args.optimizer, args.momentum)
+        shape = memory_lib.zoo_shape(args.memory, args.input_shape, args.classes)
+    except (KeyError, ValueError) as err:
+        parser.error(str(err).strip("'\""))
+    rows = memory_lib.table(
+        args.memory,
+        shape,
+        args.workers or [1, 2, 4, 8],
+        args.batch_size,
+        args.optimizer,
+        args.momentum,
+        args.mixed_precision,
+    )
+    print(
+        f"{args.memory}: {shape.trainable_elements:,} trainable + {shape.non_trainable:,} other "
+        f"weights, {shape.activations_per_sample:,} activations per sample; {args.optimizer}, "
+        f"{args.batch_size} samples per rank; MiB per rank:"
+    )
+    print(memory_lib.render(rows))
     return 0
 
 
