@@ -41,13 +41,13 @@ class BroadcastGlobalVariablesCallback(toolkit.BroadcastInitialState):
         self._local_vars.append(var)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        if not self.model.variables:
+        if not self.model.built:
             # A model without keras.Input (Horovod's examples build Sequential so) gets its
             # variables only when Keras 3 traces the first step: nothing to send before it.
             _log.warning(
-                "BroadcastGlobalVariablesCallback: model %r has no variables before its first "
-                "step (give it a keras.Input to start every rank alike); broadcasting after the "
-                "first batch, as Horovod does",
+                "BroadcastGlobalVariablesCallback: model %r is built only by its first step "
+                "(give it a keras.Input to start every rank alike); broadcasting after the first "
+                "batch, as Horovod does",
                 self.model.name,
             )
             self._after_first_batch = True

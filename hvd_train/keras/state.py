@@ -46,7 +46,7 @@ def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
     Raises:
       ValueError: the model has no variables yet (build it, e.g. with keras.Input, first).
     """
-    if not model.variables:
+    if not model.built or not model.variables:
         raise ValueError(
             f"model {model.name!r} has no variables to broadcast: build it (keras.Input or "
             "model.build) before training"

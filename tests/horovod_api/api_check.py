@@ -280,11 +280,18 @@ if API == "hvd_train":
     assert float(np.max(np.abs(value(net.get_layer("logits").kernel) - expected_kernel))) < 1e-6
 
 # --- a model built lazily (no keras.Input, as Horovod's examples build theirs) --------------
-# Its variables exist only once the first step is traced: the broadcast comes after that batch.
+# Its weights exist only once the first step is traced (a Dropout's seed state before that):
+# the broadcast comes after that batch.
 lazy_digests = {}
 for name, broadcast in [("broadcast", True), ("control", False)]:
     keras.utils.set_random_seed(100 + rank)  # each rank its own initial weights
-    lazy = keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(CLASSES)])
+    lazy = keras.Sequential(
+        [
+            keras.layers.Dense(8, activation="tanh"),
+            keras.layers.Dropout(0.1),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
     lazy.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(LR)), loss=LOSS)
     lazy_callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)] if broadcast else []
     lazy.fit(
