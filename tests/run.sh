@@ -47,6 +47,10 @@ stage tests/classic "$VENV/bin/python" -m pytest tests/integration/test_classic.
 # The toolkit's own optimizers (LARS, LAMB) against their closed forms on Keras 2 as well.
 stage tests/classic-unit "$CLASSIC_VENV/bin/python" -m pytest tests/unit/test_large_batch_optimizers.py \
   tests/unit/test_large_batch_config.py -q -p no:cacheprovider
+# Horovod's Keras API on Keras 3 (hvd_train.horovod) in scripts of Horovod's style, under mpirun and
+# horovodrun; the classic stack runs the same scripts against Horovod's own module.
+stage tests/horovod-api "$VENV/bin/python" -m pytest tests/horovod_api -v -p no:cacheprovider \
+  --durations=0
 # The cluster tier: hosts as network namespaces with their own sshd (root, CAP_NET_ADMIN).
 stage install-cluster bash mpi_scripts/cluster/install.sh
 # One stage per part, each with its own cluster (up and down take seconds), so that the table shows
