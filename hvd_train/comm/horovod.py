@@ -78,6 +78,10 @@ def controller() -> str:
     return "mpi" if hvd.mpi_enabled() else "gloo"
 
 
+def mpi_threads_supported() -> bool:
+    return bool(hvd.mpi_threads_supported())
+
+
 def build_info() -> dict[str, bool]:
     return {
         "mpi": hvd.mpi_built(),

@@ -246,6 +246,15 @@ def build_info() -> dict[str, bool]:
     return backend.build_info()
 
 
+def mpi_threads_supported() -> bool:
+    """Whether this job's MPI runs with multi-threading (so mpi4py may share it); after init.
+
+    Raises:
+      ValueError: the controller is not MPI.
+    """
+    return backend.mpi_threads_supported()
+
+
 def _check_world_size(launched: int | None, size: int) -> None:
     """A launcher that started N workers which Horovod did not join into one job (srun without
     PMIx starts N one-rank jobs) would train N unrelated models, each on 1/N of its data."""

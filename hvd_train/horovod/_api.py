@@ -124,16 +124,12 @@ def ccl_built() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """Not available: the toolkit's seam (`hvd_train.seam.build_info`) does not report MPI's
-    thread level.
+    """Whether MPI runs multi-threaded in this job (mpi4py may then share it), as Horovod's.
 
     Raises:
-      NotImplementedError: always.
+      ValueError: the controller is not MPI (Horovod's own raises alike).
     """
-    raise NotImplementedError(
-        "mpi_threads_supported() is not provided by hvd_train.horovod (hvd_train.comm does not "
-        "report MPI's thread level)"
-    )
+    return seam.mpi_threads_supported()
 
 
 def _check_op(op: Any) -> None:

@@ -51,6 +51,10 @@ def value(x):
 assert hvd.is_initialized()
 assert 0 <= hvd.local_rank() < hvd.local_size() and hvd.cross_rank() < hvd.cross_size()
 facts["controller"] = "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else None
+try:
+    facts["mpi_threads"] = hvd.mpi_threads_supported()
+except ValueError:  # not under MPI's controller, in both modules
+    facts["mpi_threads"] = "ValueError"
 facts["mpi_built"], facts["gloo_built"] = bool(hvd.mpi_built()), bool(hvd.gloo_built())
 
 # --- collectives: closed forms -------------------------------------------------------------
