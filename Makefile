@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 NP ?= 2
 LAUNCHER ?= mpirun
 
-.PHONY: help install train example test test-full test-unit test-parallel test-cluster bench plan lint format doctor nccl-check
+.PHONY: help install train example test test-full container-test test-unit test-parallel test-cluster bench plan lint format doctor nccl-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -36,6 +36,13 @@ test-full: ## make test, then what CI has neither the time nor the network for (
 	bash tests/run.sh
 	HVD_TRAIN_HOROVOD_SRC=$(HOROVOD_SRC) PATH=$(VENV)/bin:$$PATH timeout 10800 $(PY) -m pytest \
 	  tests/horovod_examples -v -p no:cacheprovider --durations=0
+
+container-test: ## (root) both stacks' images with their unit and parallel suites inside, the GPU build, the cluster patterns
+	bash mpi_scripts/container.sh install
+	for stack in modern classic; do CI=true HVD_TRAIN_CONTAINER_SUITES=1 HVD_TRAIN_CONTAINER_STACK=$$stack \
+	  timeout 3600 $(PY) -m pytest tests/container -v -p no:cacheprovider --durations=0 || exit 1; done
+	GPU=1 timeout 3600 bash mpi_scripts/container.sh build
+	timeout 1800 bash mpi_scripts/container.sh cluster
 
 test-unit: ## one process, no launcher
 	$(PY) -m pytest tests/unit -q

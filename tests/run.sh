@@ -66,3 +66,9 @@ cluster_stage tests/cluster-slurm tests/cluster/test_slurm.py
 cluster_stage tests/cluster-faults tests/cluster/test_faults_hosts.py
 cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
 cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py
+# The image built and run (podman, buildah, runc; a base image from Debian's packages where no
+# registry is reachable): the modern stack with the cached Horovod wheel, non-root, read-only,
+# the default job inside, no secret in any layer. `make container-test` does both stacks and more.
+stage install-container bash mpi_scripts/container.sh install
+stage tests/container env CI=true timeout 720 "$VENV/bin/python" -m pytest tests/container -v \
+  -p no:cacheprovider --durations=0
