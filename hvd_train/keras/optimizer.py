@@ -57,13 +57,16 @@ class _DistributedOptimizer:
                 self.add_variable_from_reference(v, name="hvd_accumulator") for v in var_list
             ]
 
-    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
-        grads = list(grads)
+    def _hvd_build_now(self, trainable_variables: Any) -> None:
         if not self.built and trainable_variables is not None:
             # Keras builds lazily inside its apply; our counters and accumulators are needed sooner.
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
             self.built = True
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        grads = list(grads)
+        self._hvd_build_now(trainable_variables)
         variables = list(
             self._trainable_variables if trainable_variables is None else trainable_variables
         )

@@ -148,10 +148,7 @@ class ShardedOptimizer:
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         grads = list(grads)
-        if not self.built and trainable_variables is not None:
-            with keras.name_scope(self.name, caller=self):
-                self.build(list(trainable_variables))
-            self.built = True
+        self._hvd_build_now(trainable_variables)
         if self._hvd_local:
             raise ValueError("shard_state reduce-scatters every gradient: no register_local_var")
         present = [i for i, g in enumerate(grads) if g is not None]

@@ -10,17 +10,12 @@ restarts with one worker, and training goes on to EPOCHS. The survivor writes wh
 """
 
 import argparse
-import importlib
-import importlib.metadata
 import json
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-KERAS_2 = importlib.metadata.version("keras").startswith("2.")
-API = os.environ.get("HVD_API") or ("horovod" if KERAS_2 else "hvd_train")
-MODULES = {"hvd_train": "hvd_train.horovod.tensorflow.keras", "horovod": "horovod.tensorflow.keras"}
-hvd = importlib.import_module(MODULES[API])
+from chosen import API, hvd
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--out", required=True, help="the surviving worker writes its facts here")

@@ -19,11 +19,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-KERAS_2 = importlib.metadata.version("keras").startswith("2.")
-API = os.environ.get("HVD_API") or ("horovod" if KERAS_2 else "hvd_train")
-MODULES = {"hvd_train": "hvd_train.horovod.tensorflow.keras", "horovod": "horovod.tensorflow.keras"}
-hvd = importlib.import_module(MODULES[API])
-hvd_ops = hvd if API == "hvd_train" else importlib.import_module("horovod.tensorflow")
+from chosen import API, hvd, hvd_ops
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--weights", type=Path, required=True, help="initial weights (.npz)")
