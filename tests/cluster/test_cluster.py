@@ -162,7 +162,12 @@ def test_default_job_across_hosts(
     end = counters("h2")
     assert job.returncode == 0, job.tail()
     # Rank 0's result line; horovodrun --mpi prefixes it with "[1,0]<stdout>:".
-    results = re.findall(r"^(?:\[(?:1,)?0\]<stdout>:)?result (\{.*\})$", job.output, re.M)
+    # horovodrun --mpi may append an empty chunk's prefix ("[1,0]<stdout>:") to the line.
+    results = re.findall(
+        r"^(?:\[(?:1,)?0\]<stdout>:)?result (\{.*\})(?:\[(?:1,)?\d+\]<std(?:out|err)>:)?$",
+        job.output,
+        re.M,
+    )
     assert len(results) == 1 and json.loads(results[0])["workers"] == workers, job.tail()
     run = json.loads((run_dir / "run.json").read_text())
     placed = {"h1": list(range(workers - 1)), "h2": [workers - 1]}
