@@ -86,7 +86,8 @@ def check_train_args(
     if args.elastic and (args.resume or args.stop_after_epochs is not None):
         raise UsageError("--elastic takes neither --resume nor --stop-after-epochs")
     config = config_lib.load(args.config, args.set, log_notes=log_notes)
-    inject.plan()  # a bad HVD_TRAIN_FAIL_IN fails here, before any worker starts
+    # A bad HVD_TRAIN_FAIL_IN or HVD_TRAIN_SLOW_IN fails here, before any worker starts.
+    inject.plan(), inject.slow()
     config_lib.validate(config, size)
     if args.elastic:
         config_lib.check_elastic(config)

@@ -1,10 +1,13 @@
-"""One point of fault injection for rank 0's files: `HVD_TRAIN_FAIL_IN=SECTION[:N]`.
+"""One point of fault injection for rank 0's files: `HVD_TRAIN_FAIL_IN=SECTION[:N]` and
+`HVD_TRAIN_SLOW_IN=SECTION:SECONDS`.
 
 Each write of rank 0's files calls `fail_point(section, path)` just before it touches the disk;
-when the variable names that section, its N-th call (default: the first) raises `InjectedWrite`,
-an OSError (EIO) naming the path, as a full disk or a lost file server would. The variable is
-read once per process. Used by the tests of `hvd_train.training.chief` and by users checking
-that a job on their cluster ends cleanly, on every rank, when rank 0 cannot write.
+when `HVD_TRAIN_FAIL_IN` names that section, its N-th call (default: the first) raises
+`InjectedWrite`, an OSError (EIO) naming the path, as a full disk or a lost file server would;
+when `HVD_TRAIN_SLOW_IN` names it, every call first waits SECONDS, as a slow file server would
+(the job must wait for it, not declare a stall). The variables are read once per process. Used
+by the tests of `hvd_train.training.chief` and by users checking that a job on their cluster ends
+cleanly, on every rank, when rank 0 cannot write, and waits when it writes slowly.
 
 Standard library only: this is the framework-free core.
 """
@@ -24,6 +27,7 @@ from hvd_train.errors import ConfigError
 log = logging.getLogger("hvd_train")
 
 ENV = "HVD_TRAIN_FAIL_IN"
+SLOW_ENV = "HVD_TRAIN_SLOW_IN"
 # The sections of rank 0's work between collectives, in the order a run meets them.
 SECTIONS = (
     "run_record",  # run.json, launches.jsonl, config.yaml at the start of a launch
@@ -79,6 +83,36 @@ def plan() -> Plan | None:
     return parse(os.environ.get(ENV))
 
 
+def parse_slow(value: str | None) -> tuple[str, float] | None:
+    """`SECTION:SECONDS` as (section, seconds); None for an unset or empty value.
+
+    Raises:
+      ConfigError: an unknown section, or SECONDS missing or not a number >= 0.
+    """
+    if not value:
+        return None
+    section, _, seconds = value.partition(":")
+    if section not in SECTIONS:
+        raise ConfigError(f"{SLOW_ENV}: unknown section {section!r}; one of: {', '.join(SECTIONS)}")
+    try:
+        delay = float(seconds)
+    except ValueError:
+        delay = -1.0
+    if not delay >= 0:  # also NaN
+        raise ConfigError(f"{SLOW_ENV}: SECONDS in {value!r} must be a number >= 0")
+    return section, delay
+
+
+@functools.cache
+def slow() -> tuple[str, float] | None:
+    """This process's delay, from the environment (read once).
+
+    Raises:
+      ConfigError: see `parse_slow`.
+    """
+    return parse_slow(os.environ.get(SLOW_ENV))
+
+
 def fail_point(section: str, path: Path | str) -> None:
     """Where rank 0 is about to write `path` for `section`: raise the injected failure if this is
     the write `HVD_TRAIN_FAIL_IN` names.
@@ -86,6 +120,10 @@ def fail_point(section: str, path: Path | str) -> None:
     Raises:
       InjectedWrite: an OSError (EIO) whose filename is `path`.
     """
+    delay = slow()
+    if delay is not None and delay[0] == section:
+        log.warning("%s=%s: delaying the write of %s", SLOW_ENV, os.environ[SLOW_ENV], path)
+        time.sleep(delay[1])
     wanted = plan()
     if wanted is None or wanted.section != section:
         return

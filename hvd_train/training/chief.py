@@ -14,11 +14,14 @@ list of every rank: on rank 0 it calls them, and all ranks agree at on_train_beg
 on_epoch_end and on_train_end (one broadcast of None per epoch; none per batch: a failure in a
 batch hook, e.g. TensorBoard's first step, is kept and reported at the next agreement).
 Checkpoints are written to a temporary name and renamed (`core.checkpoint`), so a failed write
-leaves the earlier checkpoints valid for `--resume`.
+leaves the earlier checkpoints valid for `--resume`. Given the job's watchdog, rank 0's work in a
+section (not in a batch hook) counts as busy: a slow disk or file server is waited for, not
+declared a stall.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -61,13 +64,23 @@ def _caught(err: Exception, target: Path) -> str:
 class ChiefFiles:
     """The sections of rank 0's files in `run_dir`; make one on every rank.
 
+    Args:
+      run_dir: the run directory.
+      watchdog: the job's watchdog (None: none); rank 0 is busy for it inside a section.
+
     Raises:
-      ConfigError: `HVD_TRAIN_FAIL_IN` names no section (`core.inject`), on every rank alike.
+      ConfigError: `HVD_TRAIN_FAIL_IN` or `HVD_TRAIN_SLOW_IN` names no section (`core.inject`),
+        on every rank alike.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, watchdog: faults.Watchdog | None = None) -> None:
         self.run_dir = Path(run_dir)
-        inject.plan()
+        self.watchdog = watchdog
+        inject.plan(), inject.slow()
+
+    def busy(self) -> contextlib.AbstractContextManager[None]:
+        """Rank 0's long work outside steps: the watchdogs wait (`Watchdog.busy`)."""
+        return self.watchdog.busy() if self.watchdog is not None else contextlib.nullcontext()
 
     def write(self, target: Path, work: Callable[[], T]) -> T | None:
         """Collective (every rank): rank 0 runs `work` (which writes `target`), then every rank
@@ -82,7 +95,8 @@ class ChiefFiles:
         result, error = None, None
         if comm.is_chief():
             try:
-                result = work()
+                with self.busy():
+                    result = work()
             except Exception as err:  # any: raising here alone would hang the other ranks
                 error = _caught(err, target)
         self.agree(error)
@@ -126,6 +140,14 @@ class ChiefWriters(keras.callbacks.Callback):
         self._error: str | None = None
 
     def _call(self, hook: str, *args: Any) -> None:
+        if not self.writers:
+            return
+        # Not per batch: a batch hook is short but for the first (inside the startup bound).
+        busy = contextlib.nullcontext() if "batch" in hook else self.files.busy()
+        with busy:
+            self._call_writers(hook, *args)
+
+    def _call_writers(self, hook: str, *args: Any) -> None:
         for writer in self.writers:
             if self._error is not None:
                 return

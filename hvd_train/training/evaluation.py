@@ -48,6 +48,7 @@ def evaluate(
     steps: int | None = None,
     shard: bool | None = None,
     verbose: int = 0,
+    callbacks: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model` on the data of all ranks together: a collective, call it on every rank.
 
@@ -71,6 +72,7 @@ def evaluate(
         shard=False: each rank's data is its part already (`data.validation_dataset`, a dataset
         sharded by file, ...), and the parts together hold every sample once.
       verbose: Keras's progress output of this rank's part (0: none).
+      callbacks: Keras callbacks of this rank's part (Keras's `evaluate` takes them).
 
     Returns:
       {metric name: value} for the model's metrics (`model.metrics`), as
@@ -96,6 +98,7 @@ def evaluate(
         sample_weight=sample_weight,
         steps=steps,
         verbose=verbose,
+        callbacks=callbacks,
         return_dict=True,
     )
     return reduce_metrics_over_ranks(model)

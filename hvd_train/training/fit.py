@@ -8,7 +8,6 @@ collectives in the same order; the lines that touch files are gated by `comm.is_
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -135,7 +134,7 @@ def _train(
 
     # Rank 0's files are written in sections every rank passes through: a failed write ends the
     # job on every rank with the file's name, instead of leaving the others in a collective.
-    files = ChiefFiles(run_dir)
+    files = ChiefFiles(run_dir, watchdog)
     files.write(
         run_dir / "launches.jsonl",
         lambda: records.record_launch(
@@ -148,7 +147,7 @@ def _train(
         files.write(run_dir / "metrics.json", lambda: _writers(config, run_dir, size, steps, best))
         or []
     )
-    write_checkpoint = _checkpoint_writer(files, writers[0] if writers else None, watchdog)
+    write_checkpoint = _checkpoint_writer(files, writers[0] if writers else None)
     fault_callbacks, in_epoch = _fault_callbacks(config, steps, stop, watchdog, write_checkpoint)
     from hvd_train.callbacks import distributed_callbacks
 
@@ -192,9 +191,7 @@ def _train(
         return _ended_early(
             err, model, run_dir, steps, write_checkpoint, history, started, watchdog
         )
-    return _finish(
-        config, run_dir, model, val_ds, plan, history, writers, start, last_epoch, started
-    )
+    return _finish(config, files, model, val_ds, plan, history, writers, start, last_epoch, started)
 
 
 @dataclass(frozen=True)
@@ -302,9 +299,7 @@ def _writers(config: Config, run_dir: Path, size: int, steps: int, best: Any) ->
     return file_writers(config, run_dir, size, steps, best)
 
 
-def _checkpoint_writer(
-    files: Any, writer: Any, watchdog: faults.Watchdog | None
-) -> Callable[[int, int], Path | None]:
+def _checkpoint_writer(files: Any, writer: Any) -> Callable[[int, int], Path | None]:
     """`write(epoch, step)`: a checkpoint now, on every rank (collective: rank 0's `writer`
     writes while the watchdogs wait, then every rank learns whether that failed,
     `ChiefFiles.write`). Returns its directory on rank 0, None elsewhere; one already there is
@@ -313,8 +308,7 @@ def _checkpoint_writer(
     def write_on_chief(path: Path, epoch: int, step: int) -> Path:
         if path.exists():
             return path
-        with watchdog.busy() if watchdog is not None else contextlib.nullcontext():
-            return writer.write(epoch, step)
+        return writer.write(epoch, step)
 
     def write(epoch: int, step: int) -> Path | None:
         path = files.run_dir / "checkpoints" / ckpt.epoch_dir_name(epoch, step)
@@ -414,7 +408,7 @@ def _record_failure(run_dir: Path, status: Status, message: str) -> None:
 
 def _finish(
     config: Config,
-    run_dir: Path,
+    files: Any,
     model: Any,
     val_ds: Any,
     plan: list[Segment],
@@ -424,11 +418,11 @@ def _finish(
     last_epoch: int,
     started: float,
 ) -> Result:
-    """The final evaluation (every rank: metrics are reduced) and rank 0's plot and status, each
-    a section every rank passes through (`ChiefFiles.write`)."""
-    from hvd_train.training.chief import ChiefFiles
+    """The final evaluation (every rank: metrics are reduced; the watchdog is fed) and rank 0's
+    plot and status, each a section every rank passes through (`ChiefFiles.write`)."""
+    from hvd_train.callbacks import FeedWatchdog
 
-    files = ChiefFiles(run_dir)
+    run_dir = files.run_dir
 
     def plot() -> None:
         from hvd_train import plots
@@ -441,7 +435,9 @@ def _finish(
         log.info("nothing to train: the run already finished %d epochs", config.train.epochs)
     from hvd_train.training.evaluation import evaluate
 
-    final = evaluate(model, val_ds)  # every rank: the metric states are summed over ranks
+    fed = [FeedWatchdog(files.watchdog)] if files.watchdog is not None else []
+    # Every rank: the metric states are summed over ranks.
+    final = evaluate(model, val_ds, callbacks=fed)
     files.write(
         run_dir / "status.json",
         lambda: records.write_status(run_dir, Status.FINISHED, epochs=last_epoch),

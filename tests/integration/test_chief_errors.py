@@ -9,6 +9,9 @@ The run: 2 epochs of 3 steps of the MLP on the digits, a step checkpoint after s
 epoch, metrics.csv and TensorBoard on; rank 0 writes, in order: the run record, TensorBoard's
 graph (first step), epoch-0000-step-000002, at epoch 1's end epoch-0000, best, metrics.json,
 metrics.csv, TensorBoard's summaries; the same in epoch 2; then metrics.png and status.json.
+
+A slow write (`HVD_TRAIN_SLOW_IN=SECTION:SECONDS`) must instead be waited for: rank 0 is busy for
+the watchdog inside each section, so a slow disk is not a stall.
 """
 
 import errno
@@ -20,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 from jobs import PYTHON, REPO, run
 
-from hvd_train.core import checkpoint, inject, launch
+from hvd_train.core import checkpoint, faults, inject, launch
 from hvd_train.core.outcome import EXIT_WRITE_FAILED
 from hvd_train.errors import ConfigError
 
@@ -169,6 +172,82 @@ def test_the_injection_variable_is_parsed(value, expected):
 def test_a_bad_injection_variable_names_the_problem(value, message):
     with pytest.raises(ConfigError, match=message):
         inject.parse(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("metrics.png:2.5", ("metrics.png", 2.5)),
+        ("checkpoint:0", ("checkpoint", 0.0)),
+    ],
+)
+def test_the_delay_variable_is_parsed(value, expected):
+    assert inject.parse_slow(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("chekpoint:1", "unknown section 'chekpoint'"),
+        ("checkpoint", "SECONDS in 'checkpoint' must be a number >= 0"),
+        ("checkpoint:-1", "must be a number >= 0"),
+        ("checkpoint:nan", "must be a number >= 0"),
+    ],
+)
+def test_a_bad_delay_variable_names_the_problem(value, message):
+    with pytest.raises(ConfigError, match=message):
+        inject.parse_slow(value)
+
+
+# The watchdog's floor, and a delay of rank 0's write well above it (the rule: no step for
+# max(floor, 20 x the slowest recent step); the MLP's steps take milliseconds).
+FAST_WATCHDOG = ["--set", "fault.stall_floor_s=2", "--set", "fault.heartbeat_s=0.2"]
+DELAY_S = 6
+
+
+@pytest.mark.parametrize("section", ["run_record", "checkpoint", "metrics.json", "metrics.png"])
+def test_a_slow_write_of_rank_0_is_waited_for_not_a_stall(tmp_path, section):
+    """A slow file server: each write of `section` takes DELAY_S longer on rank 0 while the other
+    rank waits in its next collective. The job finishes; the unwatched control below shows the
+    same wait is a stall where rank 0 is not marked busy."""
+    run_dir = tmp_path / "run"
+    argv = launch_train("mpirun", run_dir, *NO_STEP_CHECKPOINTS, *FAST_WATCHDOG)
+    job = run(argv, timeout=180, env={inject.SLOW_ENV: f"{section}:{DELAY_S}"})
+
+    assert job.returncode == 0, job.tail()
+    assert f"{inject.SLOW_ENV}={section}:{DELAY_S}: delaying the write of" in job.output
+    assert "watchdog on rank" not in job.output, job.tail()
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize("watched", [True, False])
+def test_rank_0_is_busy_for_the_watchdog_inside_a_section(tmp_path, monkeypatch, watched):
+    """Two real watchdogs in this process (one per rank, over UDP), rank 0's section 3 x the
+    stall bound long: quiet when ChiefFiles has the watchdog; the control without it fires."""
+    from hvd_train.training import chief
+
+    alone = SimpleNamespace(is_chief=lambda: True, broadcast_object=lambda obj, name: obj)
+    monkeypatch.setattr(chief, "comm", alone)
+    rule = faults.StallRule(floor_s=0.5, factor=5, startup_s=30)
+    sock0, contact = faults.open_socket(0, spans_hosts=False)
+    sock1, _ = faults.open_socket(1, spans_hosts=False)
+    stalls = []
+    dogs = [faults.Watchdog(r, 2, s, contact, rule, 0.05, on_stall=stalls.append)
+            for r, s in ((0, sock0), (1, sock1))]  # fmt: skip
+    try:
+        for dog in dogs:
+            dog.phase("train"), dog.step_done(), dog.step_done()
+        files = chief.ChiefFiles(tmp_path, dogs[0] if watched else None)
+        files.write(tmp_path / "slow", lambda: time.sleep(1.5))
+    finally:
+        for dog in dogs:
+            dog.close()
+    if watched:
+        assert stalls == []
+    else:
+        assert stalls and "no step finished for" in stalls[0], stalls
 
 
 def test_a_batch_hooks_error_waits_for_the_epochs_end_and_stops_the_writers(tmp_path, monkeypatch):
