@@ -26,6 +26,7 @@ Plain Python (sockets, threads, signals): no Horovod, no TensorFlow.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import ipaddress
 import logging
 import os
@@ -699,6 +700,9 @@ class Watchdog:
         if speaker == self.rank or view.truncated:
             sys.stderr.write(message + "\n")
             sys.stderr.flush()
+            # Where this rank's Python threads are: the call the job waits in names itself.
+            with contextlib.suppress(Exception):
+                faulthandler.dump_traceback(sys.stderr, all_threads=True)
         if self._before_exit is not None:
             with contextlib.suppress(Exception):
                 self._before_exit(message)
