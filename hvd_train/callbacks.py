@@ -105,6 +105,33 @@ def distributed_callbacks(root_rank: int = 0) -> list[keras.callbacks.Callback]:
     return [BroadcastInitialState(root_rank), AverageMetrics(), AverageNonTrainable()]
 
 
+class GatherShardedState(keras.callbacks.Callback):
+    """A sharded optimizer's whole state on rank 0 for its next checkpoint: gathered on every rank
+    at each epoch's end (put it before the checkpoint's writer) and by `gather()` before a
+    checkpoint inside an epoch; `take()` (rank 0) hands it over once.
+
+    The whole state is held on rank 0 from the gather until the checkpoint is written."""
+
+    def __init__(self, optimizer: Any) -> None:
+        super().__init__()
+        self.optimizer = optimizer
+        self._whole: list[Any] | None = None
+
+    def gather(self) -> None:
+        from hvd_train.keras.sharded import gather_whole
+
+        self._whole = gather_whole(self.optimizer)  # a collective
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.gather()
+
+    def take(self) -> list[Any]:
+        whole, self._whole = self._whole, None
+        if whole is None:
+            raise RuntimeError("the sharded optimizer state was not gathered for this checkpoint")
+        return whole
+
+
 # --- faults: stop at an agreed step, checkpoints inside epochs, watchdog, divergence ------------
 
 

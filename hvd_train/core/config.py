@@ -142,8 +142,8 @@ class OptimizerConfig:
         `hvd_train.comm.reduction`). HVD_TRAIN_REDUCTION overrides it.
       shard_state: each rank holds and updates 1/N of the optimizer state (ZeRO stage 1:
         gradients reduce-scattered, updated shards allgathered; `hvd_train.keras.sharded`). Modern
-        stack; not with lars or lamb, accumulation, two_level or --elastic; `hvd-train train`
-        refuses it until its checkpoints gather the shards.
+        stack; not with lars or lamb, accumulation, two_level or --elastic. Checkpoints hold
+        the state whole and resume at any worker count.
     """
 
     name: str = "sgd"

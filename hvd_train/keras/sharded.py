@@ -31,10 +31,12 @@ writes; refreshed from the model's variable at each update, so a broadcast, a re
 model keeps whole weights and gradients on every rank (stage 1 shards only the optimizer state).
 `variables` lists only the optimizer's scalars (iterations, learning rate, loss scale, counters),
 equal on every rank, so that the start-of-training broadcast sends only them; `shard_variables`
-the per-rank rest (`state_bytes` counts both). Hence a checkpoint of the optimizer's `variables`
-(`hvd-train train`'s, Keras's `model.save`) would hold no slots: `hvd-train train` refuses
-`optimizer.shard_state` until its checkpoints gather the shards. With one worker the sharded
-optimizer holds its slots and one copy of the weights: more than the unsharded one.
+the per-rank rest (`state_bytes` counts both). A checkpoint of the optimizer's `variables` alone
+(Keras's `model.save`) would hold no slots: `hvd-train train` saves `saved_variables`, each shard
+gathered whole (`gather_whole`: collective, one variable at a time), and puts them back on every
+rank at any worker count (`restore_whole`: each rank takes its piece by `split_of` at its own
+count). With one worker the sharded optimizer holds its slots and one copy of the weights: more
+than the unsharded one.
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ import math
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from hvd_train import comm
+from hvd_train.core.checkpoint import CheckpointError
+from hvd_train.errors import everywhere
 from hvd_train.keras import compat, large_batch
 from hvd_train.keras import optimizer as distributed
 from hvd_train.keras import stop as stop_flags
@@ -243,3 +248,81 @@ def state_bytes(optimizer: Any) -> int:
     this rank's shards when sharded."""
     held = compat.optimizer_variables(optimizer) + list(getattr(optimizer, "shard_variables", []))
     return sum(math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in held)
+
+
+def is_sharded(optimizer: Any) -> bool:
+    """True for an optimizer made by `DistributedOptimizer(..., shard_state=True)`."""
+    return bool(getattr(optimizer, "_hvd_sharded", False))
+
+
+def saved_variables(optimizer: Any) -> list[Any]:
+    """What a checkpoint holds of a sharded optimizer, in Keras's order: its scalars and its
+    shards (slots and the weight shards), each shard saved whole (`gather_whole`)."""
+    return list(super(ShardedOptimizer, optimizer).variables)
+
+
+def gather_whole(optimizer: Any) -> list[np.ndarray] | None:
+    """Collective (every rank): `saved_variables` as arrays on rank 0, each shard gathered into
+    the whole variable's elements in rank order (shape (elements, 1, ...)), one variable at a
+    time; None elsewhere."""
+    chief = comm.is_chief()
+    whole: list[np.ndarray] | None = [] if chief else None
+    for index, variable in enumerate(saved_variables(optimizer)):
+        value = variable.value
+        if len(variable.shape) and comm.size() > 1:
+            value = comm.allgather(value, name=f"hvd_train.shard_state.gather.{index}")
+        if whole is not None:
+            whole.append(np.asarray(value))
+    return whole
+
+
+def restore_whole(optimizer: Any, values: list[np.ndarray] | None, source: str) -> None:
+    """Collective (every rank): rank 0's `values` (`gather_whole`'s arrays, from a checkpoint
+    `source`) into every rank's shards, each rank taking its piece at this worker count; the
+    scalars on rank 0 (the start-of-training broadcast takes them to the others).
+
+    Raises:
+      CheckpointError: on every rank alike, when the values do not match this optimizer's
+        variables.
+    """
+    variables = saved_variables(optimizer)
+    shapes, error = None, None
+    if comm.is_chief():
+        shapes = [tuple(v.shape) for v in values or []]
+        error = _mismatch(variables, shapes, source)
+    shapes, error = comm.broadcast_object((shapes, error), name="hvd_train.shard_state.shapes")
+    if error:
+        raise everywhere(CheckpointError(error))
+    for index, (variable, shape) in enumerate(zip(variables, shapes, strict=True)):
+        if not shape:
+            if comm.is_chief():
+                variable.assign(values[index])
+            continue
+        mine = values[index] if comm.is_chief() else np.zeros(shape, variable.dtype)
+        if comm.size() > 1:
+            name = f"hvd_train.shard_state.restore.{index}"
+            mine = comm.broadcast(mine, root_rank=0, name=name)
+        start, count = split_of(shape[0], comm.size(), comm.rank())
+        variable.assign(mine[start : start + count])
+
+
+def _mismatch(variables: list[Any], shapes: list[tuple[int, ...]], source: str) -> str | None:
+    """Why saved shapes cannot go into a sharded optimizer's variables at this worker count, or
+    None: a whole variable must split into this rank's shard (same rank, piece as long)."""
+    if len(shapes) != len(variables):
+        return (
+            f"{source}: it holds {len(shapes)} optimizer variables; this sharded optimizer "
+            f"saves {len(variables)} (was it written with another optimizer or "
+            f"optimizer.shard_state setting?)"
+        )
+    for variable, shape in zip(variables, shapes, strict=True):
+        mine = tuple(variable.shape)
+        fits = shape == mine  # a scalar
+        if shape and len(shape) == len(mine):
+            fits = (split_of(shape[0], comm.size(), comm.rank())[1], *shape[1:]) == mine
+        if not fits:
+            return (
+                f"{source}: optimizer variable {compat.variable_name(variable)} is saved with "
+                f"shape {shape}, which does not split into this rank's shard {mine}"
+            )
+    return None

@@ -63,12 +63,6 @@ def train_and_evaluate(
       UserError: a config, model, data, run directory or checkpoint problem (one line; the same
         on every rank).
     """
-    if config.optimizer.shard_state:
-        raise config_lib.ConfigError(
-            "optimizer.shard_state: not yet with hvd-train train (its checkpoints would hold rank "
-            "0's shard of the optimizer state only); use hvd_train.DistributedOptimizer(opt, "
-            "shard_state=True) in your own model.fit"
-        )
     started = time.monotonic()
     # First: a signal from now on stops the job at an agreed step instead of killing this rank.
     stop = faults.StopRequest(config.fault.stop_signals)
@@ -128,7 +122,7 @@ def _train(
     val_ds = data.validation_dataset(source, per_rank_batch, comm.rank(), size)
     model = _build_and_compile(config, source, global_batch, steps)
     job_start.check_model(model)  # before the first collective that depends on the model
-    _restore_everywhere(model, start.checkpoint)
+    _restore_everywhere(model, start)
 
     from hvd_train.training.chief import ChiefFiles, ChiefWriters
 
@@ -147,9 +141,15 @@ def _train(
         files.write(run_dir / "metrics.json", lambda: _writers(config, run_dir, size, steps, best))
         or []
     )
-    write_checkpoint = _checkpoint_writer(files, writers[0] if writers else None)
+    from hvd_train.callbacks import GatherShardedState, distributed_callbacks
+    from hvd_train.keras import sharded
+
+    # A sharded optimizer's state is gathered whole on every rank before each checkpoint.
+    gathered = [GatherShardedState(model.optimizer)] if sharded.is_sharded(model.optimizer) else []
+    if gathered and writers:
+        writers[0].optimizer_state = gathered[0].take
+    write_checkpoint = _checkpoint_writer(files, writers[0] if writers else None, gathered)
     fault_callbacks, in_epoch = _fault_callbacks(config, steps, stop, watchdog, write_checkpoint)
-    from hvd_train.callbacks import distributed_callbacks
 
     # Collectives on every rank first, then the fault handling, then rank 0's writers (on every
     # rank: they agree on the outcome of rank 0's writes at epoch ends).
@@ -157,6 +157,7 @@ def _train(
         *distributed_callbacks(),
         *fault_callbacks,
         *in_epoch,
+        *gathered,
         ChiefWriters(files, writers),
     ]
 
@@ -253,10 +254,13 @@ def _build_and_compile(config: Config, source: Any, global_batch: int, steps: in
     return model
 
 
-def _restore_everywhere(model: Any, checkpoint: Any) -> None:
+def _restore_everywhere(model: Any, start: ResumePoint) -> None:
     """Rank 0 puts the checkpoint into the model; every rank learns whether that failed (the
-    values themselves reach the others with the start-of-training broadcast)."""
-    error = None
+    values themselves reach the others with the start-of-training broadcast; a sharded
+    optimizer's shards go to every rank here, each rank taking its piece)."""
+    from hvd_train.keras import sharded
+
+    checkpoint, error = start.checkpoint, None
     if checkpoint is not None:
         try:
             restore(model, checkpoint)
@@ -266,23 +270,41 @@ def _restore_everywhere(model: Any, checkpoint: Any) -> None:
     error = comm.broadcast_object(error, name="hvd_train.restore_error")
     if error:
         raise everywhere(ckpt.CheckpointError(error))
+    if start.meta and sharded.is_sharded(model.optimizer):
+        values = checkpoint.optimizer if checkpoint is not None else None
+        source = f"checkpoint {checkpoint.path}" if checkpoint is not None else ""
+        sharded.restore_whole(model.optimizer, values, source)
 
 
 def restore(model: Any, checkpoint: Any) -> None:
-    """Put a checkpoint's values into the model and its (built) optimizer (rank 0).
+    """Put a checkpoint's values into the model and its (built) optimizer (rank 0); a sharded
+    optimizer's are only counted here (`keras.sharded.restore_whole` puts them back).
 
     Raises:
       CheckpointError: the checkpoint's variables do not match this model's in count or shape.
     """
-    optimizer_variables = compat.optimizer_variables(model.optimizer)
-    targets = list(model.variables) + optimizer_variables
+    from hvd_train.keras import sharded
+
+    optimizer = model.optimizer
+    is_sharded = sharded.is_sharded(optimizer)
+    if is_sharded:
+        optimizer_variables = sharded.saved_variables(optimizer)
+    else:
+        optimizer_variables = compat.optimizer_variables(optimizer)
     values = checkpoint.model + checkpoint.optimizer
-    if len(checkpoint.model) != len(model.variables) or len(values) != len(targets):
+    if len(checkpoint.model) != len(model.variables) or len(checkpoint.optimizer) != len(
+        optimizer_variables
+    ):
+        saved = checkpoint.meta.get("config", {}).get("optimizer", {}).get("shard_state", False)
+        hint = f" (written with optimizer.shard_state {str(saved).lower()})"
         raise ckpt.CheckpointError(
             f"checkpoint {checkpoint.path} holds {len(checkpoint.model)} model and "
             f"{len(checkpoint.optimizer)} optimizer variables; this model has "
             f"{len(model.variables)} and {len(optimizer_variables)}"
+            + (hint if saved != is_sharded else "")
         )
+    targets = list(model.variables) + ([] if is_sharded else optimizer_variables)
+    values = values[: len(targets)]
     for var, value in zip(targets, values, strict=True):
         if tuple(var.shape) != value.shape:
             raise ckpt.CheckpointError(
@@ -299,19 +321,25 @@ def _writers(config: Config, run_dir: Path, size: int, steps: int, best: Any) ->
     return file_writers(config, run_dir, size, steps, best)
 
 
-def _checkpoint_writer(files: Any, writer: Any) -> Callable[[int, int], Path | None]:
-    """`write(epoch, step)`: a checkpoint now, on every rank (collective: rank 0's `writer`
-    writes while the watchdogs wait, then every rank learns whether that failed,
-    `ChiefFiles.write`). Returns its directory on rank 0, None elsewhere; one already there is
-    kept (a stop at the step of a step checkpoint)."""
+def _checkpoint_writer(
+    files: Any, writer: Any, gathered: list[Any]
+) -> Callable[[int, int], Path | None]:
+    """`write(epoch, step)`: a checkpoint now, on every rank (collective: a sharded optimizer's
+    state is `gathered` first; rank 0's `writer` writes while the watchdogs wait, then every
+    rank learns whether that failed, `ChiefFiles.write`). Returns its directory on rank 0, None
+    elsewhere; one already there is kept (a stop at the step of a step checkpoint)."""
 
     def write_on_chief(path: Path, epoch: int, step: int) -> Path:
         if path.exists():
+            for gather in gathered:
+                gather.take()  # not written again: let go of it
             return path
         return writer.write(epoch, step)
 
     def write(epoch: int, step: int) -> Path | None:
         path = files.run_dir / "checkpoints" / ckpt.epoch_dir_name(epoch, step)
+        for gather in gathered:
+            gather.gather()
         return files.write(path, lambda: write_on_chief(path, epoch, step))
 
     return write

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,9 @@ class CheckpointWriter(keras.callbacks.Callback):
         self.meta = meta
         self.best = best
         self._warned = False
+        # The optimizer's arrays for a checkpoint: its variables here, unless the job gathers
+        # them (a sharded optimizer's whole state: `GatherShardedState.take`).
+        self.optimizer_state: Callable[[], list[Any]] | None = None
 
     def _improves(self, value: float) -> bool:
         if self.best is None:
@@ -79,7 +83,9 @@ class CheckpointWriter(keras.callbacks.Callback):
             self.directory,
             epoch,
             [v.numpy() for v in self.model.variables],
-            [v.numpy() for v in compat.optimizer_variables(optimizer)],
+            self.optimizer_state()
+            if self.optimizer_state is not None
+            else [v.numpy() for v in compat.optimizer_variables(optimizer)],
             {
                 **self.meta,
                 "step": int(optimizer.iterations.numpy()),
