@@ -106,30 +106,46 @@ def distributed_callbacks(root_rank: int = 0) -> list[keras.callbacks.Callback]:
 
 
 class GatherShardedState(keras.callbacks.Callback):
-    """A sharded optimizer's whole state on rank 0 for its next checkpoint: gathered on every rank
-    at each epoch's end (put it before the checkpoint's writer) and by `gather()` before a
-    checkpoint inside an epoch; `take()` (rank 0) hands it over once.
+    """A sharded optimizer's whole state for rank 0's next checkpoint, one variable at a time
+    (`keras.sharded.gather_stream`, a collective per variable).
 
-    The whole state is held on rank 0 from the gather until the checkpoint is written."""
+    `gather()` before each checkpoint on every rank, and at each epoch's end (put it before the
+    checkpoint's writer): the other ranks run every gather there; rank 0 prepares them, its
+    writer `take()`s the stream and writes each variable as it is gathered, and `settle()` after
+    the writer runs what it did not take (it failed, or was skipped), so every rank runs the same
+    gathers."""
 
     def __init__(self, optimizer: Any) -> None:
         super().__init__()
         self.optimizer = optimizer
-        self._whole: list[Any] | None = None
+        self._stream: Any = None
 
     def gather(self) -> None:
-        from hvd_train.keras.sharded import gather_whole
+        from hvd_train.keras.sharded import gather_stream
 
-        self._whole = gather_whole(self.optimizer)  # a collective
+        if self._stream is not None:  # its gathers would pair with the others' next ones
+            raise RuntimeError("the last gather of the sharded optimizer state was not settled")
+        stream = gather_stream(self.optimizer)
+        if comm.is_chief():
+            self._stream = stream
+        else:
+            for _ in stream:
+                pass
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.gather()
 
-    def take(self) -> list[Any]:
-        whole, self._whole = self._whole, None
-        if whole is None:
+    def take(self) -> Any:
+        """Rank 0: the prepared stream (an iterator of arrays), once."""
+        if self._stream is None:
             raise RuntimeError("the sharded optimizer state was not gathered for this checkpoint")
-        return whole
+        return self._stream
+
+    def settle(self) -> None:
+        """Rank 0: run the gathers its writer did not take."""
+        stream, self._stream = self._stream, None
+        for _ in stream or ():
+            pass
 
 
 # --- faults: stop at an agreed step, checkpoints inside epochs, watchdog, divergence ------------

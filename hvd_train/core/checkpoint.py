@@ -23,10 +23,13 @@ other ranks (a broadcast) is decided by the trainer.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
 import shutil
+import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,8 +97,8 @@ def position(path: Path) -> tuple[int, int]:
 def write(
     directory: Path,
     epoch: int,
-    model_values: list[np.ndarray],
-    optimizer_values: list[np.ndarray],
+    model_values: Iterable[np.ndarray],
+    optimizer_values: Iterable[np.ndarray],
     meta: dict[str, Any],
     step_in_epoch: int = 0,
 ) -> Path:
@@ -104,7 +107,8 @@ def write(
     Args:
       directory: the run's checkpoint directory.
       epoch: 0-based; the epoch just finished, or with `step_in_epoch` the epoch in progress.
-      model_values, optimizer_values: the variables' values, in the model's and optimizer's order.
+      model_values, optimizer_values: the variables' values, in the model's and optimizer's order;
+        each is written as it comes (an iterator is read one array at a time).
       meta: saved as meta.json, with "epoch" (the last finished epoch, -1 for none) and
         "epoch_step" (steps done of the next one) set here.
       step_in_epoch: steps of `epoch` done (0: the epoch is finished).
@@ -119,10 +123,12 @@ def write(
     tmp = directory / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    arrays = {f"model/{i:05d}": v for i, v in enumerate(model_values)}
-    arrays |= {f"optimizer/{i:05d}": v for i, v in enumerate(optimizer_values)}
+    named = itertools.chain(
+        ((f"model/{i:05d}", v) for i, v in enumerate(model_values)),
+        ((f"optimizer/{i:05d}", v) for i, v in enumerate(optimizer_values)),
+    )
     with (tmp / STATE).open("wb") as f:
-        np.savez(f, **arrays)
+        _save_arrays(f, named)
         f.flush()
         os.fsync(f.fileno())
     _write_file(
@@ -142,6 +148,15 @@ def write(
     tmp.rename(final)
     _fsync_dir(directory)
     return final
+
+
+def _save_arrays(file: Any, named: Iterable[tuple[str, Any]]) -> None:
+    """`np.savez`'s layout (one .npy entry per name, stored), one array at a time: an iterator's
+    next array is read only after the previous one is written."""
+    with zipfile.ZipFile(file, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in named:
+            with zf.open(f"{name}.npy", mode="w", force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.asanyarray(value), allow_pickle=False)
 
 
 def verify(path: Path) -> dict[str, Any]:

@@ -33,15 +33,16 @@ model keeps whole weights and gradients on every rank (stage 1 shards only the o
 equal on every rank, so that the start-of-training broadcast sends only them; `shard_variables`
 the per-rank rest (`state_bytes` counts both). A checkpoint of the optimizer's `variables` alone
 (Keras's `model.save`) would hold no slots: `hvd-train train` saves `saved_variables`, each shard
-gathered whole (`gather_whole`: collective, one variable at a time), and puts them back on every
-rank at any worker count (`restore_whole`: each rank takes its piece by `split_of` at its own
-count). With one worker the sharded optimizer holds its slots and one copy of the weights: more
-than the unsharded one.
+gathered whole (`gather_stream`: collective, one variable at a time, written by rank 0 as it
+comes), and puts them back on every rank at any worker count (`restore_whole`: each rank takes
+its piece by `split_of` at its own count). With one worker the sharded optimizer holds its slots
+and one copy of the weights: more than the unsharded one.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import keras
@@ -261,19 +262,24 @@ def saved_variables(optimizer: Any) -> list[Any]:
     return list(super(ShardedOptimizer, optimizer).variables)
 
 
-def gather_whole(optimizer: Any) -> list[np.ndarray] | None:
-    """Collective (every rank): `saved_variables` as arrays on rank 0, each shard gathered into
-    the whole variable's elements in rank order (shape (elements, 1, ...)), one variable at a
-    time; None elsewhere."""
+def gather_stream(optimizer: Any) -> Iterator[np.ndarray | None]:
+    """Collective (every rank, to its end): `saved_variables` one at a time, each shard gathered
+    into the whole variable's elements in rank order (shape (elements, 1, ...)): arrays on rank 0,
+    None elsewhere. Rank 0 can write each before the next is gathered (`core.checkpoint.write`
+    reads an iterable as it writes), so it holds one whole variable at a time."""
     chief = comm.is_chief()
-    whole: list[np.ndarray] | None = [] if chief else None
     for index, variable in enumerate(saved_variables(optimizer)):
         value = variable.value
         if len(variable.shape) and comm.size() > 1:
             value = comm.allgather(value, name=f"hvd_train.shard_state.gather.{index}")
-        if whole is not None:
-            whole.append(np.asarray(value))
-    return whole
+        yield np.asarray(value) if chief else None
+
+
+def gather_whole(optimizer: Any) -> list[np.ndarray] | None:
+    """Collective (every rank): `gather_stream` as a list on rank 0 (the whole state at once);
+    None elsewhere."""
+    whole = list(gather_stream(optimizer))
+    return whole if comm.is_chief() else None
 
 
 def restore_whole(optimizer: Any, values: list[np.ndarray] | None, source: str) -> None:

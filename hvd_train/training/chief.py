@@ -131,12 +131,17 @@ class ChiefWriters(keras.callbacks.Callback):
     Args:
       files: the run's `ChiefFiles`.
       writers: rank 0's writers, each naming what it writes in `destination`; none elsewhere.
+      settle: called on rank 0 after the writers at each epoch's end, before the agreement (the
+        collectives a writer may have left undone: `callbacks.GatherShardedState.settle`).
     """
 
-    def __init__(self, files: ChiefFiles, writers: list[Any]) -> None:
+    def __init__(
+        self, files: ChiefFiles, writers: list[Any], settle: list[Callable[[], None]] | None = None
+    ) -> None:
         super().__init__()
         self.files = files
         self.writers = writers
+        self.settle = settle or []
         self._error: str | None = None
 
     def _call(self, hook: str, *args: Any) -> None:
@@ -195,6 +200,9 @@ class ChiefWriters(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._call("on_epoch_end", epoch, logs)
+        if self.writers:
+            for settle in self.settle:
+                settle()
         self._agree()
 
     def on_train_end(self, logs: dict | None = None) -> None:

@@ -144,7 +144,8 @@ def _train(
     from hvd_train.callbacks import GatherShardedState, distributed_callbacks
     from hvd_train.keras import sharded
 
-    # A sharded optimizer's state is gathered whole on every rank before each checkpoint.
+    # A sharded optimizer's state is gathered whole on every rank at each checkpoint, one
+    # variable at a time as rank 0 writes it.
     gathered = [GatherShardedState(model.optimizer)] if sharded.is_sharded(model.optimizer) else []
     if gathered and writers:
         writers[0].optimizer_state = gathered[0].take
@@ -158,7 +159,7 @@ def _train(
         *fault_callbacks,
         *in_epoch,
         *gathered,
-        ChiefWriters(files, writers),
+        ChiefWriters(files, writers, settle=[gather.settle for gather in gathered]),
     ]
 
     last_epoch = config.train.epochs
@@ -330,11 +331,11 @@ def _checkpoint_writer(
     elsewhere; one already there is kept (a stop at the step of a step checkpoint)."""
 
     def write_on_chief(path: Path, epoch: int, step: int) -> Path:
-        if path.exists():
+        try:
+            return path if path.exists() else writer.write(epoch, step)
+        finally:
             for gather in gathered:
-                gather.take()  # not written again: let go of it
-            return path
-        return writer.write(epoch, step)
+                gather.settle()  # what the writer did not take, or all of it (kept, or it failed)
 
     def write(epoch: int, step: int) -> Path | None:
         path = files.run_dir / "checkpoints" / ckpt.epoch_dir_name(epoch, step)

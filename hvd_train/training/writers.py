@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,8 @@ class CheckpointWriter(keras.callbacks.Callback):
         self.best = best
         self._warned = False
         # The optimizer's arrays for a checkpoint: its variables here, unless the job gathers
-        # them (a sharded optimizer's whole state: `GatherShardedState.take`).
-        self.optimizer_state: Callable[[], list[Any]] | None = None
+        # them (a sharded optimizer's whole state, one at a time: `GatherShardedState.take`).
+        self.optimizer_state: Callable[[], Iterable[Any]] | None = None
 
     def _improves(self, value: float) -> bool:
         if self.best is None:
@@ -82,10 +82,11 @@ class CheckpointWriter(keras.callbacks.Callback):
         path = checkpoint.write(
             self.directory,
             epoch,
-            [v.numpy() for v in self.model.variables],
+            # Read one at a time as they are written: no copy of the whole model at once.
+            (v.numpy() for v in self.model.variables),
             self.optimizer_state()
             if self.optimizer_state is not None
-            else [v.numpy() for v in compat.optimizer_variables(optimizer)],
+            else (v.numpy() for v in compat.optimizer_variables(optimizer)),
             {
                 **self.meta,
                 "step": int(optimizer.iterations.numpy()),
