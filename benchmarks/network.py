@@ -122,6 +122,8 @@ VARIANTS = {
         Variant(
             "toolkit-two-level", "modern", "toolkit", ("optimizer.reduction=two_level",), ("2x2",)
         ),
+        # ZeRO stage 1: a reduce-scatter and an allgather in place of each allreduce.
+        Variant("toolkit-sharded", "modern", "toolkit", ("optimizer.shard_state=true",)),
         Variant("keras3-per-tensor", "modern", "per_tensor"),
         Variant("toolkit-classic", "classic", "toolkit"),
         Variant("horovod-keras", "classic", "horovod_keras"),
