@@ -145,14 +145,15 @@ class ChiefWriters(keras.callbacks.Callback):
         self._error: str | None = None
 
     def _call(self, hook: str, *args: Any) -> None:
+        """A hook other than a batch's: rank 0 is busy for the watchdog while its writers run."""
         if not self.writers:
             return
-        # Not per batch: a batch hook is short but for the first (inside the startup bound).
-        busy = contextlib.nullcontext() if "batch" in hook else self.files.busy()
-        with busy:
-            self._call_writers(hook, *args)
+        with self.files.busy():
+            self._call_batch(hook, *args)
 
-    def _call_writers(self, hook: str, *args: Any) -> None:
+    def _call_batch(self, hook: str, *args: Any) -> None:
+        """Every hook's writers; a batch hook's directly (short but for the first, which the
+        startup bound covers)."""
         for writer in self.writers:
             if self._error is not None:
                 return
@@ -181,19 +182,19 @@ class ChiefWriters(keras.callbacks.Callback):
         self._call("on_epoch_begin", epoch, logs)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._call("on_train_batch_begin", batch, logs)
+        self._call_batch("on_train_batch_begin", batch, logs)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._call("on_train_batch_end", batch, logs)
+        self._call_batch("on_train_batch_end", batch, logs)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
         self._call("on_test_begin", logs)
 
     def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._call("on_test_batch_begin", batch, logs)
+        self._call_batch("on_test_batch_begin", batch, logs)
 
     def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self._call("on_test_batch_end", batch, logs)
+        self._call_batch("on_test_batch_end", batch, logs)
 
     def on_test_end(self, logs: dict | None = None) -> None:
         self._call("on_test_end", logs)
