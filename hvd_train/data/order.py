@@ -38,6 +38,8 @@ def _tf_range(positions: range) -> tf.Tensor:
 
 def epoch_ids(positions: tf.Tensor, num_samples: int, seed: int, epoch: tf.Tensor) -> tf.Tensor:
     """The sample ids at `positions` of the epoch's permutation of range(num_samples)."""
+    if positions.shape.num_elements() == 0:
+        return positions  # index_shuffle rejects an empty vector (a resume with no step left)
     return tf.random.experimental.index_shuffle(
         positions, seed=seed_pair(seed, epoch), max_index=num_samples - 1
     )

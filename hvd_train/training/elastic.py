@@ -323,7 +323,13 @@ def _train(state: TrainingState, job: _Job) -> Result:
     val_ds = data.validation_dataset(job.source, per_rank_batch, rank, size)
     while state.progress.epoch < train_cfg.epochs:
         epoch, position = state.progress.epoch, state.progress.position
-        dataset, steps = data.train_dataset(
+        # A partial epoch first (its own fit), then the whole epochs.
+        left = data.remaining_steps(steps, per_rank_batch, size, position)
+        if left == 0:
+            log.info("elastic: epoch %d ends at the reset (< 1 global batch left)", epoch + 1)
+            state.progress = Progress(epoch + 1, 0)
+            continue
+        dataset, _ = data.train_dataset(
             job.source,
             per_rank_batch,
             rank,
@@ -334,12 +340,6 @@ def _train(state: TrainingState, job: _Job) -> Result:
             max_steps=train_cfg.steps_per_epoch,
             start_position=position,
         )
-        # A partial epoch first (its own fit), then the whole epochs.
-        left = data.remaining_steps(steps, per_rank_batch, size, position)
-        if left == 0:
-            log.info("elastic: epoch %d ends at the reset (< 1 global batch left)", epoch + 1)
-            state.progress = Progress(epoch + 1, 0)
-            continue
         fit = model.fit(
             dataset,
             initial_epoch=epoch,

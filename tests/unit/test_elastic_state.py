@@ -66,6 +66,19 @@ def test_an_epoch_continued_at_another_size_trains_each_sample_at_most_once(ids_
     assert np.array_equal(batches[left][0][:, 0], next_epoch[0][:batch])
 
 
+def test_a_position_with_no_global_batch_left_starts_with_the_next_epoch(ids_source):
+    # 3 ranks x batch 4: 8 steps end at position 96, and 100 leaves less than one global batch.
+    for position in (96, 100):
+        assert data.remaining_steps(8, 4, 3, position) == 0
+        dataset, steps = data.train_dataset(
+            ids_source, 4, 1, 3, seed=5, initial_epoch=2, start_position=position
+        )
+        next_epoch = _ids_of_steps(ids_source, 4, 3, 3, 2)
+        got = [x[:, 0] for x, _ in dataset.take(2).as_numpy_iterator()]
+        assert steps == 8
+        assert [g.tolist() for g in got] == [s[4:8].tolist() for s in next_epoch]
+
+
 def test_start_position_zero_is_the_plain_dataset(ids_source):
     plain, steps = data.train_dataset(ids_source, 4, 1, 2, seed=5, initial_epoch=1)
     same, same_steps = data.train_dataset(
