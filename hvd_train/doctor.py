@@ -119,7 +119,12 @@ def run(out: TextIO) -> int:
         rows.append(("stack", f"{compat.NAME} (Keras {compat.KERAS_MAJOR})"))
         rows.append(("horovod controllers", ", ".join(k for k in ("mpi", "gloo") if built[k])))
         rows.append(("horovod gpu ops", "nccl" if built["nccl"] else "none (CPU build)"))
-        patched = "wake on enqueue" if built["wakes_on_enqueue"] else "none (not the installer's)"
+        patches = {
+            "wakes_on_enqueue": "wake on enqueue",
+            "gloo_keeps_send_buffer": "gloo send buffer",
+        }
+        patched = ", ".join(text for key, text in patches.items() if built.get(key))
+        patched = patched or "none (not the installer's)"
         rows.append(("horovod patches", patched))
         if built["nccl"] and nccl is None:
             problems.append(

@@ -38,7 +38,7 @@ GPU=${GPU:-auto}
 HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
 JOBS=${JOBS:-$(nproc)}
 # Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
-BUILD_RECIPE=r2
+BUILD_RECIPE=r3
 
 # Progress: numbered steps; with HVD_TRAIN_TIMINGS=file each step's seconds are appended to it
 # ("install/STACK/NAME SECONDS RESULT") for the stage table of tests/run.sh.

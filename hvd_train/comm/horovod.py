@@ -74,6 +74,15 @@ def wakes_on_enqueue() -> bool:
     return hasattr(mpi_ops._basics.MPI_LIB_CTYPES, "horovod_wakes_on_enqueue")
 
 
+def keeps_gloo_send_buffer() -> bool:
+    """True where Horovod was built with hvd_train's gloo-send-buffer patch (mpi_scripts/patches):
+    Gloo's TCP pairs never shrink the kernel's send buffer, so a ReduceScatter does not slow every
+    later collective of its pair."""
+    from horovod.tensorflow import mpi_ops
+
+    return hasattr(mpi_ops._basics.MPI_LIB_CTYPES, "horovod_gloo_keeps_send_buffer")
+
+
 def controller() -> str:
     return "mpi" if hvd.mpi_enabled() else "gloo"
 
@@ -89,6 +98,7 @@ def build_info() -> dict[str, bool]:
         "nccl": hvd.nccl_built() > 0,
         "cuda": hvd.cuda_built(),
         "wakes_on_enqueue": wakes_on_enqueue(),
+        "gloo_keeps_send_buffer": keeps_gloo_send_buffer(),
     }
 
 

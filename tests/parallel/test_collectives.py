@@ -1,5 +1,9 @@
 """Horovod's collectives through hvd_train.comm, checked against closed forms of rank-built data."""
 
+import os
+import socket
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -105,6 +109,40 @@ def test_alltoall_sends_each_rank_its_rows():
     assert counts.numpy().tolist() == [r + 1] * n
     expected = [[float(s), float(r)] for s in range(n) for _ in range(r + 1)]
     assert received.numpy().tolist() == expected
+
+
+def _tcp_send_buffers() -> list[int]:
+    """SO_SNDBUF of every TCP socket this process holds (Gloo's pairs among them)."""
+    sizes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:  # closed meanwhile, or not a socket Python can wrap
+            continue
+        with sock:
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                sizes.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+    return sizes
+
+
+def test_no_collective_pins_a_socket_below_the_kernels_send_buffer():
+    """Gloo's old-style ReduceScatter set SO_SNDBUF to its first send (one byte: 4.6 kB), which
+    switches the kernel's autotuning off for that pair, so every later large send crawled (the
+    installer's gloo-send-buffer patch). The kernel starts a socket at tcp_wmem's middle value
+    and autotuning only grows it."""
+    if comm.size() == 1:
+        pytest.skip("one rank: no pair of ranks to connect")
+    comm.grouped_reducescatter([tf.ones([comm.size() * 3])], op=comm.Sum)  # a tiny first send
+    big = tf.ones([2**20])  # 4 MiB per rank, through every kind of collective
+    for collective in (comm.allgather, comm.broadcast, comm.alltoall, comm.allreduce):
+        collective(big)
+    default = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[1])
+    sizes = _tcp_send_buffers()
+    if comm.controller() == "gloo":
+        assert len(sizes) >= comm.size() - 1  # a pair to every other rank, at least
+    assert min(sizes, default=default) >= default, sizes
 
 
 def test_a_process_set_of_the_first_ranks_reduces_among_them_only():

@@ -1,7 +1,9 @@
 """The installer's Horovod carries hvd_train's patches (mpi_scripts/patches), and they still apply.
 
-`horovod_wakes_on_enqueue` is the patched library's marker (a C function the toolkit finds with
-ctypes); the Gloo cycle rule trusts it, so a build without the patch must not report it.
+`horovod_wakes_on_enqueue` and `horovod_gloo_keeps_send_buffer` are the patched library's
+markers (C functions the toolkit finds with ctypes); the Gloo cycle rule trusts the first, so a
+build without the patch must not report it. What the second patch fixes is checked in the
+parallel suite (tests/parallel/test_collectives.py: no socket below the kernel's send buffer).
 """
 
 import subprocess
@@ -17,8 +19,9 @@ PATCHES = sorted((REPO / "mpi_scripts" / "patches").glob("horovod-*.patch"))
 SDIST = Path.home() / ".cache" / "hvd_train" / "downloads" / "horovod-0.28.1.tar.gz"
 
 
-def test_the_installed_horovod_wakes_on_enqueue():
-    assert comm.build_info()["wakes_on_enqueue"], (
+@pytest.mark.parametrize("marker", ["wakes_on_enqueue", "gloo_keeps_send_buffer"])
+def test_the_installed_horovod_carries_the_patch(marker):
+    assert comm.build_info()[marker], (
         "this Horovod lacks mpi_scripts/patches: reinstall with mpi_scripts/install.sh"
     )
 
@@ -39,3 +42,5 @@ def test_every_patch_applies_to_horovods_source_and_only_once(tmp_path):
         assert first.returncode == 0, patch.name
         assert again.returncode != 0 and "previously applied" in again.stdout, patch.name
     assert "horovod_wakes_on_enqueue" in (src / "horovod/common/operations.cc").read_text()
+    gloo = (src / "horovod/common/ops/gloo_operations.cc").read_text()
+    assert "horovod_gloo_keeps_send_buffer" in gloo
