@@ -10,7 +10,7 @@ Everything distributed that the rest of the toolkit needs is asked of this packa
   for buckets; `reduction="two_level"` reduces within each host, then across hosts, then
   within each host again, and `resolve_reduction` picks flat or two-level for the job:
   `comm.reduction`), `broadcast`, `broadcast_variables`, `broadcast_object`, `allgather`,
-  `allgather_object`, `grouped_reducescatter`, `alltoall`, `barrier`, `join`;
+  `allgather_object`, `grouped_allgather`, `grouped_reducescatter`, `alltoall`, `barrier`, `join`;
 - elastic hooks (`comm.elastic`: reset, hosts changed, the run loop) and Horovod's timeline
   (`comm.timeline`).
 
@@ -36,6 +36,7 @@ from hvd_train.comm.collectives import (
     broadcast_object,
     broadcast_variables,
     global_process_set,
+    grouped_allgather,
     grouped_allreduce,
     grouped_reducescatter,
     join,
@@ -88,6 +89,7 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "global_process_set",
+    "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",
     "init",

@@ -114,6 +114,12 @@ def allgather(tensor: Any, name: str | None = None, process_set: Any = None) -> 
     return backend.allgather(tf.convert_to_tensor(tensor), name, process_set)
 
 
+def grouped_allgather(tensors: Sequence[Any], process_set: Any = None) -> list[tf.Tensor]:
+    """`allgather` of each tensor, in one fused operation."""
+    converted = [tf.convert_to_tensor(t) for t in tensors]
+    return backend.grouped_allgather(converted, process_set)
+
+
 def broadcast(
     tensor: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None
 ) -> tf.Tensor:

@@ -128,6 +128,10 @@ def allgather(tensor: Any, name: str | None, process_set: Any) -> Any:
     return hvd.allgather(tensor, name=name, process_set=_set(process_set))
 
 
+def grouped_allgather(tensors: list[Any], process_set: Any) -> list[Any]:
+    return hvd.grouped_allgather(tensors, process_set=_set(process_set))
+
+
 def broadcast(tensor: Any, root_rank: int, name: str | None, process_set: Any) -> Any:
     return hvd.broadcast(tensor, root_rank, name=name, process_set=_set(process_set))
 

@@ -10,7 +10,8 @@ of the plain distributed one (`keras/optimizer.py`). One update:
         -> Keras's own apply on the shards: loss-scale finite check (global: the count over all
            shards), unscaling, clipping (clipnorm and global_clipnorm from the global sums), the
            update of this rank's slots and weight shard
-        -> one allgather per variable of the updated shards into the model's variables.
+        -> one grouped allgather per bucket (the same buckets) of the updated shards into the
+           model's variables.
 
 The shard: per variable, its elements in row-major order cut into N contiguous pieces, as
 Horovod's reduce-scatter cuts the first axis of the flattened gradient (rank r gets elements
@@ -165,28 +166,35 @@ class ShardedOptimizer:
             start, flat = self._hvd_starts[i], tf.reshape(compat.value(self._hvd_full[i]), [-1])
             shard.assign(tf.reshape(flat[start : start + shard.shape[0]], shard.shape))
         flats = [tf.reshape(tf.convert_to_tensor(grads[i]), [-1]) for i in present]
+        # Buckets as the unsharded optimizer's, last layers first, so that the traced step starts
+        # each reduce-scatter while the backward pass still computes the earlier gradients; the
+        # allgathers take the same buckets.
+        layout = distributed.bucket_layout(flats, self._hvd_bucket_mb)
         pieces = [
             tf.reshape(piece, shard.shape)
-            for piece, shard in zip(self._hvd_scatter(flats), shards, strict=True)
+            for piece, shard in zip(self._hvd_scatter(flats, layout), shards, strict=True)
         ]
         object.__setattr__(self, "_hvd_sums", self._hvd_global_sums(pieces))
         super(distributed._DistributedOptimizer, self).apply(pieces, shards)
         self._hvd_allreduce_count.assign_add(1)
-        for i, shard in zip(present, shards, strict=True):
-            full = self._hvd_full[i]
-            # Every rank's updated piece, in rank order: the whole variable again, on every rank.
-            flat = tf.reshape(shard.value, [-1])
-            whole = flat if comm.size() == 1 else comm.allgather(flat)
-            full.assign(tf.reshape(whole, full.shape))
+        for i, whole in zip(present, self._hvd_gather(shards, layout), strict=True):
+            self._hvd_full[i].assign(tf.reshape(whole, self._hvd_full[i].shape))
 
-    def _hvd_scatter(self, rows: list[tf.Tensor]) -> list[tf.Tensor]:
-        """Each (flattened) gradient's mean over ranks, this rank's piece of it."""
+    def _hvd_gather(self, shards: list[Any], layout: list[list[int]]) -> list[tf.Tensor]:
+        """Every rank's updated piece of each variable, in rank order: the whole (flat) variables
+        again, on every rank; one grouped allgather per bucket."""
+        flats = [tf.reshape(shard.value, [-1]) for shard in shards]
+        if comm.size() == 1:
+            return flats
+        gathered = [comm.grouped_allgather([flats[j] for j in bucket]) for bucket in layout]
+        return distributed.in_place_of(flats, list(range(len(flats))), layout, gathered)
+
+    def _hvd_scatter(self, rows: list[tf.Tensor], layout: list[list[int]]) -> list[tf.Tensor]:
+        """Each (flattened) gradient's mean over ranks, this rank's piece of it; one grouped
+        reduce-scatter per bucket of `layout`."""
         if comm.size() == 1:
             # One worker: its gradient is the mean and its shard the whole; no Horovod op.
             return rows
-        # Buckets as the unsharded optimizer's, last layers first, so that the traced step starts
-        # each reduce-scatter while the backward pass still computes the earlier gradients.
-        layout = distributed.bucket_layout(rows, self._hvd_bucket_mb)
         scattered = [
             comm.grouped_reducescatter(
                 [rows[j] for j in bucket],

@@ -82,6 +82,11 @@ EXPECTED_SKIPS: dict[str, Condition] = {
             ),
         )
     },
+    # The sharded update's collectives: none with one rank.
+    "tests/parallel/test_sharded_state.py::"
+    "test_the_update_gathers_by_the_buckets_of_its_reduce_scatter": Condition(
+        "the classic stack or np == 1", lambda launch: CLASSIC.holds(launch) or launch.size == 1
+    ),
     # Stack-specific rules around loss scaling.
     "tests/parallel/test_training_rules.py::"
     "test_loss_scaling_wrapped_around_the_distributed_optimizer_is_refused": CLASSIC,

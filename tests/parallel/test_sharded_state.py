@@ -73,6 +73,36 @@ def test_sharded_updates_equal_the_unsharded_ones(case):
     assert max_abs_diff(short, expected) > 100 * TOL
 
 
+def _op_types(graph):
+    """The op type of every node of a traced graph and of the functions it calls."""
+    types = [op.type for op in graph.get_operations()]
+    for function in graph.as_graph_def().library.function:
+        types += [node.op for node in function.node_def]
+    return types
+
+
+def test_the_update_gathers_by_the_buckets_of_its_reduce_scatter():
+    """One grouped allgather per bucket, the buckets of the reduce-scatter, and no allgather per
+    variable. Closed form: the MLP's 6 variables, last first, hold 40, 1280, 128, 8192, 256 and
+    16384 bytes; buckets that close at >= 1000 bytes are 3 (a layer each)."""
+    if comm.size() == 1:
+        pytest.skip("one rank: the sharded update sends no collective")
+    counts = {}
+    for bucket_mb in (1000 / 2**20, None):
+        model = mlp(0)
+        optimizer = hvd_train.DistributedOptimizer(
+            keras.optimizers.SGD(0.1), shard_state=True, bucket_mb=bucket_mb
+        )
+        model.compile(optimizer=optimizer, loss=LOSS)
+        optimizer.build(model.trainable_variables)
+        spec = (tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32))
+        types = _op_types(tf.function(model.train_step).get_concrete_function(spec).graph)
+        ops = ("HorovodGroupedReducescatter", "HorovodGroupedAllgather", "HorovodAllgather")
+        counts[bucket_mb] = [types.count(op) for op in ops]
+    assert counts[1000 / 2**20] == [3, 3, 0]
+    assert counts[None] == [1, 1, 0]  # one host: one bucket
+
+
 @pytest.mark.parametrize("clip", ["global_clipnorm", "clipnorm"])
 def test_clipping_uses_the_norm_over_all_shards(clip):
     def make():
