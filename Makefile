@@ -33,7 +33,7 @@ HOROVOD_SRC ?=
 test-full: ## make test, then what CI has neither the time nor the network for (HOROVOD_SRC=a Horovod clone)
 	@[ -n "$(HOROVOD_SRC)" ] || { echo "test-full: HOROVOD_SRC= must name a Horovod source tree \
 	  (git clone https://github.com/horovod/horovod): its examples run against hvd_train.horovod"; exit 2; }
-	bash tests/run.sh
+	HVD_TRAIN_FULL=1 bash tests/run.sh
 	HVD_TRAIN_HOROVOD_SRC=$(HOROVOD_SRC) PATH=$(VENV)/bin:$$PATH timeout 10800 $(PY) -m pytest \
 	  tests/horovod_examples -v -p no:cacheprovider --durations=0
 
