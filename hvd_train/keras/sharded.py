@@ -168,8 +168,9 @@ class ShardedOptimizer:
         flats = [tf.reshape(tf.convert_to_tensor(grads[i]), [-1]) for i in present]
         # Buckets as the unsharded optimizer's, last layers first, so that the traced step starts
         # each reduce-scatter while the backward pass still computes the earlier gradients; the
-        # allgathers take the same buckets.
-        layout = distributed.bucket_layout(flats, self._hvd_bucket_mb)
+        # allgathers take the same buckets. One worker sends nothing: no buckets.
+        one = comm.size() == 1
+        layout = [] if one else distributed.bucket_layout(flats, self._hvd_bucket_mb)
         pieces = [
             tf.reshape(piece, shard.shape)
             for piece, shard in zip(self._hvd_scatter(flats, layout), shards, strict=True)
