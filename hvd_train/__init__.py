@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what editors and type checkers see; at run time, resolved o
     from hvd_train.core.faults import StopRequest
     from hvd_train.core.scaling import resolve_batch_sizes, scaled_learning_rate
     from hvd_train.data import shard_dataset
+    from hvd_train.keras.embedding import ShardedEmbedding
     from hvd_train.keras.layers import SyncBatchNormalization, convert_sync_batchnorm
     from hvd_train.keras.optimizer import DistributedOptimizer
     from hvd_train.keras.randomness import rank_seed
@@ -75,6 +76,7 @@ _EXPORTS = {
     "broadcast_model_state": "hvd_train.keras.state",
     "rank_seed": "hvd_train.keras.randomness",
     "SyncBatchNormalization": "hvd_train.keras.layers",
+    "ShardedEmbedding": "hvd_train.keras.embedding",
     "convert_sync_batchnorm": "hvd_train.keras.layers",
     "scaled_warmup_schedule": "hvd_train.keras.schedules",
     "BroadcastInitialState": "hvd_train.callbacks",
@@ -101,6 +103,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "Preempted",
+    "ShardedEmbedding",
     "StopAtAgreedStep",
     "StopRequest",
     "Sum",

@@ -11,7 +11,7 @@ import keras
 from hvd_train import comm
 from hvd_train.core import faults
 from hvd_train.errors import everywhere
-from hvd_train.keras import compat
+from hvd_train.keras import compat, embedding
 from hvd_train.keras.metrics import report_locally, report_over_ranks
 from hvd_train.keras.optimizer import check_optimizer, traces_collectives
 from hvd_train.keras.state import (
@@ -52,8 +52,11 @@ class BroadcastInitialState(keras.callbacks.Callback):
             return
         check_optimizer(optimizer)
         # Where the step holds no Horovod op (one worker, modern), XLA may compile all of it.
-        if traces_collectives(optimizer) and model.jit_compile:
-            self._jit_for_evaluation = True
+        # A table split by rows puts the lookup's alltoalls in every forward pass: evaluation and
+        # prediction stay without XLA too.
+        row_shards = embedding.has_row_shards(model)
+        if (row_shards or traces_collectives(optimizer)) and model.jit_compile:
+            self._jit_for_evaluation = not row_shards
             model.jit_compile = False
             model.train_function = None  # may have been built with XLA: rebuild without
 
@@ -261,8 +264,10 @@ class CheckWeights(keras.callbacks.Callback):
         if self._steps % self.every:
             return
         # The trainable variables only: BatchNorm statistics differ between their averagings,
-        # and random state differs by design.
-        digest = weights_digest(self.model.trainable_variables)
+        # and random state and a table's row shards differ by design.
+        digest = weights_digest(
+            [v for v in self.model.trainable_variables if not embedding.is_row_sharded(v)]
+        )
         digests = comm.allgather_object(digest, name="hvd_train.weights")
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
         if differ:

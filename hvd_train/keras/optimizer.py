@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from hvd_train import comm
 from hvd_train.core import buckets
-from hvd_train.keras import compat
+from hvd_train.keras import compat, embedding
 from hvd_train.keras import stop as stop_flags
 
 _classes: dict[tuple[type, bool], type] = {}
@@ -44,6 +44,11 @@ class _DistributedOptimizer:
     _hvd_distributed = True
 
     def build(self, var_list: list[Any]) -> None:
+        if self._hvd_process_set is not None and any(map(embedding.is_row_sharded, var_list)):
+            raise ValueError(
+                "a ShardedEmbedding's table is split over all ranks: its gradient cannot be "
+                "averaged over a process set (process_set=None)"
+            )
         super().build(var_list)
         # Runs of the grouped allreduce, counted on the device: shows accumulation is local.
         self._hvd_allreduce_count = self.add_variable(
@@ -56,6 +61,14 @@ class _DistributedOptimizer:
             self._hvd_accumulators = [
                 self.add_variable_from_reference(v, name="hvd_accumulator") for v in var_list
             ]
+
+    def add_variable_from_reference(
+        self, reference_variable: Any, name: str | None = None, initializer: Any = "zeros"
+    ) -> Any:
+        variable = super().add_variable_from_reference(reference_variable, name, initializer)
+        # A slot of a table's row shard holds that shard's rows: per rank, like the shard.
+        embedding.mark_like(variable, reference_variable)
+        return variable
 
     def _hvd_build_now(self, trainable_variables: Any) -> None:
         if not self.built and trainable_variables is not None:
@@ -139,12 +152,14 @@ class _DistributedOptimizer:
         if ranks == 1:
             # Nothing to average; keeps the one-worker step free of Horovod.
             return grads
-        local = {i for i, v in enumerate(variables) if id(v) in self._hvd_local}
-        if local and self._hvd_scale_local:
-            grads = [
-                tf.convert_to_tensor(g) / ranks if i in local and g is not None else g
-                for i, g in enumerate(grads)
-            ]
+        # A table's row shard is local too, and always divided: its owner's gradient sums what
+        # every rank's batch sent back (`keras/embedding.py`).
+        sharded_rows = {i for i, v in enumerate(variables) if embedding.is_row_sharded(v)}
+        local = sharded_rows | {i for i, v in enumerate(variables) if id(v) in self._hvd_local}
+        divided = local if self._hvd_scale_local else sharded_rows
+        grads = [
+            _divided(g, ranks) if i in divided and g is not None else g for i, g in enumerate(grads)
+        ]
         present = [i for i, g in enumerate(grads) if g is not None and i not in local]
         if not present:
             return grads
@@ -179,6 +194,13 @@ class _DistributedOptimizer:
     def allreduce_count(self) -> int:
         """How many updates' gradients this optimizer has allreduced (0 before the first step)."""
         return int(self._hvd_allreduce_count.numpy()) if self.built else 0
+
+
+def _divided(grad: Any, ranks: int) -> Any:
+    """A gradient divided by the number of ranks; an embedding's stays sparse."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / ranks, grad.indices, grad.dense_shape)
+    return tf.convert_to_tensor(grad) / ranks
 
 
 def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]:

@@ -53,7 +53,7 @@ import tensorflow as tf
 from hvd_train import comm
 from hvd_train.core.checkpoint import CheckpointError
 from hvd_train.errors import everywhere
-from hvd_train.keras import compat, large_batch
+from hvd_train.keras import compat, embedding, large_batch
 from hvd_train.keras import optimizer as distributed
 from hvd_train.keras import stop as stop_flags
 
@@ -117,6 +117,11 @@ class ShardedOptimizer:
 
     def build(self, var_list: list[Any]) -> None:
         full = list(var_list)
+        if any(map(embedding.is_row_sharded, full)):
+            raise ValueError(
+                "shard_state with a ShardedEmbedding: its table is split by rows already; "
+                "use one or the other"
+            )
         size, rank = comm.size(), comm.rank()
         starts, shards = [], []
         for variable in full:

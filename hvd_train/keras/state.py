@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train import comm
-from hvd_train.keras import compat, randomness
+from hvd_train.keras import compat, embedding, randomness
 
 
 def average_non_trainable(model: Any) -> None:
@@ -57,15 +57,18 @@ def broadcast_model_state(model: Any, root_rank: int = 0) -> None:
         if not compat.optimizer_built(optimizer):
             optimizer.build(model.trainable_variables)
         variables += compat.optimizer_variables(optimizer)
-    comm.broadcast_variables(variables, root_rank)
+    # A table's row shards (and their slots) are per rank: each holds other rows.
+    comm.broadcast_variables([v for v in variables if not embedding.is_row_sharded(v)], root_rank)
     # Not root's masks on every rank: each rank draws its own (rank r's: seed rank_seed(seed, r)).
     randomness.derive_rank_streams(model, comm.rank())
 
 
 def agreed_variables(model: Any) -> list[Any]:
     """The model's variables that are equal on every rank after the broadcast: all but the random
-    state (per rank by design). What digests, fingerprints and consistency checks look at."""
-    return randomness.without_random_state(model, model.variables)
+    state and a table's row shards (per rank by design). What digests, fingerprints and
+    consistency checks look at."""
+    kept = randomness.without_random_state(model, model.variables)
+    return [v for v in kept if not embedding.is_row_sharded(v)]
 
 
 def weights_digest(variables: Iterable[Any]) -> str:
