@@ -82,6 +82,25 @@ EXPECTED_SKIPS: dict[str, Condition] = {
             ),
         )
     },
+    # Model-parallel embeddings: the modern stack only.
+    **{
+        f"tests/parallel/test_sharded_embedding.py::{name}": CLASSIC
+        for name in (
+            *(
+                f"test_a_table_split_over_the_ranks_trains_like_one_process_holding_it_whole[{case}]"
+                for case in ("adam", "sgd_momentum")
+            ),
+            "test_each_rank_holds_its_rows_and_its_slots_only",
+            "test_a_gathered_table_is_put_back_row_for_row_in_small_chunks",
+        )
+    },
+    **{
+        "tests/parallel/test_sharded_embedding.py::"
+        f"test_what_cannot_hold_a_split_table_is_refused[{setting}]": Condition(
+            "the classic stack or np == 1", lambda launch: CLASSIC.holds(launch) or launch.size == 1
+        )
+        for setting in ("process_set", "shard_state")
+    },
     # The sharded update's collectives: none with one rank.
     "tests/parallel/test_sharded_state.py::"
     "test_the_update_gathers_by_the_buckets_of_its_reduce_scatter": Condition(
