@@ -4,7 +4,7 @@
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
 #          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|network|
-#           large-batch|sharded-state|gloo-pairs|all}
+#           large-batch|sharded-state|gloo-pairs|embedding-memory|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -80,6 +80,10 @@ sharded_state() {
   # Per-rank optimizer bytes and peak RSS, Adam sharded or not, N = 1, 2, 4: docs/knobs.md.
   run "$VENV/bin/python" -m benchmarks.sharded_state --out "$OUT"
 }
+embedding_memory() {
+  # Per-rank table memory and step time, the table split by rows or not, N = 1, 2, 4: docs/larger-models.md.
+  run "$VENV/bin/python" -m benchmarks.embedding_memory --out "$OUT"
+}
 gloo_pairs() {
   # Collectives before and after a ReduceScatter, Gloo and MPI: docs/performance.md.
   run "$VENV/bin/python" -m benchmarks.gloo_pairs --np "$NP" --out "$OUT"
@@ -90,6 +94,7 @@ case "${1:-}" in
   large-batch) large_batch ;;
   sharded-state) sharded_state ;;
   gloo-pairs) gloo_pairs ;;
+  embedding-memory) embedding_memory ;;
   all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers; stacks ;;
   *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -26,6 +26,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from hvd_train.core import launch, processes
 
@@ -92,17 +93,22 @@ def worker(model_name: str, variant: str, steps: int) -> dict:
     }
 
 
-def measure(model_name: str, variant: str, workers: int, steps: int) -> dict:
-    """One job's ranks, and its largest rank's figures."""
-    command = [sys.executable, "-m", "benchmarks.sharded_state", "worker"]
-    command += [model_name, variant, str(steps)]
-    argv = launch.build("mpirun", workers, command)
+def run_ranks(module_args: list[str], workers: int, label: str) -> list[dict]:
+    """One job of `workers` ranks under mpirun, each running `python -m MODULE ARGS...` and
+    printing one JSON line: those lines in rank order."""
+    argv = launch.build("mpirun", workers, [sys.executable, "-m", *module_args])
     env = processes.child_env({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO)})
     done = processes.run(argv, env, TIMEOUT_S, cwd=REPO, capture="separate")
     ranks = [json.loads(line) for line in (done.output or "").splitlines() if line[:1] == "{"]
     if not done.ok or len(ranks) != workers:
-        raise RuntimeError(f"{model_name} {variant} np={workers}: {(done.errors or '')[-2000:]}")
-    ranks.sort(key=lambda r: r["rank"])
+        raise RuntimeError(f"{label} np={workers}: {(done.errors or '')[-2000:]}")
+    return sorted(ranks, key=lambda r: r["rank"])
+
+
+def measure(model_name: str, variant: str, workers: int, steps: int) -> dict:
+    """One job's ranks, and its largest rank's figures."""
+    module = ["benchmarks.sharded_state", "worker", model_name, variant, str(steps)]
+    ranks = run_ranks(module, workers, f"{model_name} {variant}")
     largest = {
         key: max(r[key] for r in ranks)
         for key in ("optimizer_bytes", "rss_after_model_bytes", "peak_rss_bytes", "fit_seconds")
@@ -117,6 +123,51 @@ def measure(model_name: str, variant: str, workers: int, steps: int) -> dict:
     }
 
 
+def plot_memory(
+    ax: object, rows: list[dict], held: str, what: str, color: str, variant: str
+) -> None:
+    """Two lines against the worker count: the bytes of `held` (what the variables hold) and the
+    peak resident memory, in GiB."""
+    workers = [r["workers"] for r in rows]
+    gib = 2**30
+    ax.plot(
+        workers, [r[held] / gib for r in rows], marker="o", color=color, label=f"{variant}: {what}"
+    )
+    ax.plot(
+        workers,
+        [r["peak_rss_bytes"] / gib for r in rows],
+        marker="s",
+        linestyle="--",
+        color=color,
+        label=f"{variant}: peak RSS",
+    )
+
+
+def print_row(row: dict) -> None:
+    """A job's figures as one JSON line, without its ranks' (progress)."""
+    print(json.dumps({k: v for k, v in row.items() if k != "ranks"}), flush=True)
+
+
+def write_result(result: dict, out: Path, name: str, figure: Any) -> None:
+    """NAME.json and NAME.png (`figure(result, png)`) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    figure(result, out / f"{name}.png")
+    print(f"wrote {out / name}.json and .png")
+
+
+def finish(fig: Any, axes: Any, workers: list[int], png: Path) -> None:
+    """The worker counts as ticks, a grid and a legend on each axis; the figure saved and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.set_xticks(workers, [str(n) for n in workers])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def figure(result: dict, png: Path) -> None:
     """Per model: optimizer bytes and peak resident memory per rank against the worker count."""
     import matplotlib
@@ -128,7 +179,6 @@ def figure(result: dict, png: Path) -> None:
     fig, axes = plt.subplots(
         1, len(names), figsize=(6.2 * len(names), 4.4), layout="constrained", squeeze=False
     )
-    gib = 2**30
     for ax, name in zip(axes[0], names, strict=True):
         for variant, color in zip(VARIANTS, ("tab:gray", "tab:blue"), strict=True):
             rows = sorted(
@@ -136,21 +186,7 @@ def figure(result: dict, png: Path) -> None:
                 key=lambda r: r["workers"],
             )
             workers = [r["workers"] for r in rows]
-            ax.plot(
-                workers,
-                [r["optimizer_bytes"] / gib for r in rows],
-                marker="o",
-                color=color,
-                label=f"{variant}: optimizer variables",
-            )
-            ax.plot(
-                workers,
-                [r["peak_rss_bytes"] / gib for r in rows],
-                marker="s",
-                linestyle="--",
-                color=color,
-                label=f"{variant}: peak RSS",
-            )
+            plot_memory(ax, rows, "optimizer_bytes", "optimizer variables", color, variant)
         params = next(r["parameters"] for r in result["rows"] if r["model"] == name)
         ax.set(
             xlabel="workers N (one host)",
@@ -158,11 +194,7 @@ def figure(result: dict, png: Path) -> None:
             title=f"{name}: Adam, {params / 1e6:.1f} M parameters",
             ylim=(0, None),
         )
-        ax.set_xticks(workers, [str(n) for n in workers])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    finish(fig, axes[0], workers, png)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,17 +218,14 @@ def main(argv: list[str] | None = None) -> int:
             for variant in VARIANTS:
                 row = measure(name, variant, workers, args.steps)
                 rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "ranks"}), flush=True)
+                print_row(row)
     result = {
         "what": "per-rank bytes of Adam's optimizer variables and peak RSS, sharded or not",
         "how": "N ranks under mpirun on one host, measured in each rank; the largest rank",
         "steps": args.steps,
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
-    figure(result, args.out / f"{NAME}.png")
-    print(f"wrote {args.out / NAME}.json and .png")
+    write_result(result, args.out, NAME, figure)
     return 0
 
 
