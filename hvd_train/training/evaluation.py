@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hvd_train import comm
 from hvd_train.data.sharding import sample_count, validation_positions
+from hvd_train.keras import embedding
 from hvd_train.keras.metrics import reduce_metrics_over_ranks
 
 
@@ -36,6 +37,30 @@ def _array_shard(arrays: tuple[Any, ...], rank: int, size: int) -> tuple[Any, ..
     return tuple(
         None if a is None else tf.nest.map_structure(lambda leaf: leaf[part], a) for a in arrays
     )
+
+
+def _batches(x: Any, batch_size: int | None, steps: int | None) -> int | None:
+    """How many batches Keras's `evaluate` runs on this part (None: not known in advance)."""
+    if isinstance(x, tf.data.Dataset):
+        known = int(x.cardinality())
+        count = known if known >= 0 else None
+    else:
+        count = -(-len(tf.nest.flatten(x)[0]) // (batch_size or 32))
+    if steps is not None:
+        count = steps if count is None else min(steps, count)
+    return count
+
+
+def _check_equal_batches(model: Any, batches: int | None) -> None:
+    """A table split by rows makes every batch a collective: refuse, on every rank alike, parts
+    whose batch counts differ or are unknown, which would hang in the lookup."""
+    counts = comm.allgather_object(batches, name="hvd_train.evaluate.batches")
+    if None in counts or len(set(counts)) > 1:
+        raise ValueError(
+            f"model {model.name!r} holds a table split by rows (ShardedEmbedding), so every rank "
+            f"must evaluate the same number of batches; the ranks' counts are {counts} "
+            "(None: unknown): pass steps=, or parts with equal batch counts"
+        )
 
 
 def evaluate(
@@ -81,7 +106,9 @@ def evaluate(
     Raises:
       DataError (a ValueError): shard=True for arrays of different lengths, or with fewer samples
         than ranks (a rank would have nothing to evaluate).
-      ValueError: shard=True for data that is neither arrays nor a `tf.data.Dataset`.
+      ValueError: shard=True for data that is neither arrays nor a `tf.data.Dataset`; a model
+        with a ShardedEmbedding whose parts differ in batch count (or it is unknown), on every
+        rank alike.
     """
     rank, size = comm.rank(), comm.size()
     dataset = isinstance(x, tf.data.Dataset)
@@ -91,6 +118,8 @@ def evaluate(
         x = x.shard(size, rank)
     elif shard:
         x, y, sample_weight = _array_shard((x, y, sample_weight), rank, size)
+    if embedding.has_row_shards(model):
+        _check_equal_batches(model, _batches(x, batch_size, steps))
     model.evaluate(
         x,
         y,

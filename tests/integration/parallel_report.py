@@ -92,6 +92,7 @@ EXPECTED_SKIPS: dict[str, Condition] = {
             ),
             "test_each_rank_holds_its_rows_and_its_slots_only",
             "test_a_gathered_table_is_put_back_row_for_row_in_small_chunks",
+            "test_an_evaluation_over_all_ranks_equals_one_process_and_unequal_batch_counts_are_refused",
         )
     },
     **{

@@ -66,7 +66,11 @@ def click_model(dense_seed, shards=None, table_gradient_times=1):
 
 
 def fit(model, optimizer, x, y, batch, callbacks=()):
-    model.compile(optimizer=optimizer, loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        metrics=[keras.metrics.BinaryAccuracy(threshold=0.0)],
+    )
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
     model.fit(
         data,
@@ -175,3 +179,23 @@ def test_what_cannot_hold_a_split_table_is_refused(setting):
     optimizer = hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.1), **options)
     with pytest.raises(ValueError, match="ShardedEmbedding"):
         optimizer.build(model.trainable_variables)
+
+
+def test_an_evaluation_over_all_ranks_equals_one_process_and_unequal_batch_counts_are_refused():
+    n = comm.size()
+    model, reference = distributed_and_reference(CASES["sgd_momentum"])
+    x, y = clicks(20 * n, seed=1)  # 20 samples per rank: 3 batches of at most 8 on every rank
+    got = hvd_train.evaluate(model, x, y, batch_size=8)
+    want = reference.evaluate(x, y, batch_size=64, return_dict=True, verbose=0)
+    assert got.keys() == want.keys()
+    assert all(abs(got[k] - want[k]) < TOL for k in want), (got, want)
+    if n > 1:
+        # Control: one rank's part alone (its lookups still pair with the others') differs.
+        r = comm.rank()
+        part = model.evaluate(x[r::n], y[r::n], batch_size=8, return_dict=True, verbose=0)
+        assert abs(part["loss"] - want["loss"]) > 100 * TOL
+        # Rank 0 would evaluate 2 batches of its 17 samples, the others 1 of 16: the lookups
+        # would pair badly and hang; refused on every rank instead.
+        x, y = clicks(16 * n + 1, seed=2)
+        with pytest.raises(ValueError, match="same number of batches"):
+            hvd_train.evaluate(model, x, y, batch_size=16)
