@@ -41,7 +41,8 @@ stage install env STACK=modern bash mpi_scripts/install.sh
 stage install-classic env STACK=classic VENV="$CLASSIC_VENV" bash mpi_scripts/install.sh
 stage tests/unit "$VENV/bin/python" -m pytest tests/unit -q -p no:cacheprovider
 stage tests/integration "$VENV/bin/python" -m pytest tests/integration -v -p no:cacheprovider \
-  --durations=0 --ignore=tests/integration/test_classic.py
+  --durations=0 --ignore=tests/integration/test_classic.py \
+  --ignore=tests/integration/test_network_bench.py
 stage tests/classic "$VENV/bin/python" -m pytest tests/integration/test_classic.py -v \
   -p no:cacheprovider --durations=0
 # The toolkit's own optimizers (LARS, LAMB) against their closed forms on Keras 2 as well.
@@ -66,6 +67,8 @@ cluster_stage tests/cluster-slurm tests/cluster/test_slurm.py
 cluster_stage tests/cluster-faults tests/cluster/test_faults_hosts.py
 cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
 cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py
+# The network benchmark's quick mode brings up its own 2-host cluster, so it needs the sshd above.
+cluster_stage tests/network-bench tests/integration/test_network_bench.py
 # The image built and run (podman, buildah, runc; a base image from Debian's packages where no
 # registry is reachable): the modern stack with the cached Horovod wheel, non-root, read-only,
 # the default job inside, no secret in any layer. `make container-test` does both stacks and more.
