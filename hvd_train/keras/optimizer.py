@@ -151,7 +151,7 @@ class _DistributedOptimizer:
         ranks = len(comm.process_set_ranks(self._hvd_process_set))
         if ranks == 1:
             # Nothing to average; keeps the one-worker step free of Horovod.
-            return grads
+            return [one_slice_per_row(g) for g in grads]
         # A table's row shard is local too, and always divided: its owner's gradient sums what
         # every rank's batch sent back (`keras/embedding.py`).
         sharded_rows = {i for i, v in enumerate(variables) if embedding.is_row_sharded(v)}
@@ -197,10 +197,25 @@ class _DistributedOptimizer:
 
 
 def _divided(grad: Any, ranks: int) -> Any:
-    """A gradient divided by the number of ranks; an embedding's stays sparse."""
+    """A gradient divided by the number of ranks; an embedding's stays sparse, a slice per row."""
     if isinstance(grad, tf.IndexedSlices):
+        grad = one_slice_per_row(grad)
         return tf.IndexedSlices(grad.values / ranks, grad.indices, grad.dense_shape)
     return tf.convert_to_tensor(grad) / ranks
+
+
+def one_slice_per_row(grad: Any) -> Any:
+    """An embedding's gradient (IndexedSlices) with the slices of each row summed into one; any
+    other gradient as it is.
+
+    A lookup's gradient holds one slice per id looked up, so a row asked for twice comes twice.
+    Keras 3's optimizers apply their element-wise steps to the slices as they come (Adam squares
+    each one) where a row's gradient is their sum; Keras 2's summed them first, as here."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    rows, slot = tf.unique(grad.indices)
+    summed = tf.math.unsorted_segment_sum(grad.values, slot, tf.shape(rows)[0])
+    return tf.IndexedSlices(summed, rows, grad.dense_shape)
 
 
 def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]:

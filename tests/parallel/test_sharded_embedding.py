@@ -3,8 +3,9 @@ holding 1/N of the table's rows, train like one process holding the whole table 
 batch; the table is gathered whole and put back at any worker count.
 
 The reference runs on every rank: a one-process model (`shards=1`, no collective) on the batch of
-all ranks together. A negative control shows the comparison can fail: the same reference with the
-table's gradient N times larger, what the distributed step would give without its division by N.
+all ranks together, its table's gradient dense. A negative control shows the comparison can fail:
+the same reference with the table's gradient N times larger, what the distributed step would give
+without its division by N.
 """
 
 import keras
@@ -101,8 +102,20 @@ def distributed_and_reference(make_optimizer, table_gradient_times=1):
         [hvd_train.BroadcastInitialState()],
     )
     reference = click_model(11, shards=1, table_gradient_times=table_gradient_times)
-    fit(reference, make_optimizer(), x, y, PER_RANK * n)
+    fit(reference, densified(make_optimizer()), x, y, PER_RANK * n)
     return model, reference
+
+
+def densified(optimizer):
+    """The optimizer given the table's gradient dense: each row's gradient the sum over its
+    lookups, the step of the textbook (Keras 3 would apply Adam's square to each lookup's part)."""
+    apply = optimizer.apply
+
+    def dense_apply(grads, variables=None):
+        return apply([tf.convert_to_tensor(g) if g is not None else g for g in grads], variables)
+
+    optimizer.apply = dense_apply
+    return optimizer
 
 
 def compared(model, reference):

@@ -52,3 +52,28 @@ def test_with_one_worker_it_is_a_plain_lookup_of_whole_rows():
 def test_an_empty_table_is_refused(args):
     with pytest.raises(ValueError, match="rows >= 1 and dim >= 1"):
         embedding.ShardedEmbedding(*args)
+
+
+def test_a_lookup_gradient_with_a_row_twice_steps_adam_as_its_dense_sum_does():
+    import tensorflow as tf
+
+    from hvd_train.keras.optimizer import one_slice_per_row
+
+    # Row 0 looked up twice, row 2 once: its gradient has three slices.
+    grad = tf.IndexedSlices(
+        tf.constant([[1.0, 2.0], [1.0, 2.0], [0.5, -1.0]]), tf.constant([0, 0, 2]), (3, 2)
+    )
+
+    def stepped(gradient):
+        variable = keras.Variable(np.zeros((3, 2), "float32"))
+        optimizer = keras.optimizers.Adam(0.1)
+        for _ in range(3):
+            optimizer.apply_gradients([(gradient, variable)])
+        return np.asarray(variable)
+
+    dense = stepped(tf.convert_to_tensor(grad))
+    summed = one_slice_per_row(grad)
+    assert sorted(np.asarray(summed.indices)) == [0, 2]
+    np.testing.assert_allclose(stepped(summed), dense, atol=1e-7)
+    # The control: the slices as they come step row 0 by another amount (Adam squares each).
+    assert np.abs(stepped(grad) - dense).max() > 0.05
