@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 
 SOURCES = ("digits", "mnist_5k", "synthetic", "npz", "mnist", "cifar10", "tfrecord", "image_dir")
 FILE_SOURCES = ("npz", "tfrecord", "image_dir")  # the sources that need data.path
-KINDS = ("images", "tokens")
+KINDS = ("images", "tokens", "clicks")
+# Click ids travel in float32 columns beside the dense features: exact up to 2 ** 24.
+MAX_CLICK_IDS = 1 << 24
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "lion", "lars")
 DECAYED_OPTIMIZERS = ("adamw", "lamb", "lion", "lars")  # those optimizer.weight_decay acts in
 COMPRESSIONS = ("none", "fp16")
@@ -68,9 +70,14 @@ class DataConfig:
       num_samples: synthetic: samples generated (validation_fraction of them held out).
       seed: data-order seed; the same on every rank, so shards are disjoint. It also seeds
         shuffling and augmentation (with the rank and epoch).
-      kind: synthetic: "images", or "tokens" (int ids in [0, vocab_size); the class is the
-        residue id % num_classes most of a sequence's tokens share).
-      vocab_size: synthetic tokens: number of token ids.
+      kind: synthetic: "images", "tokens" (int ids in [0, vocab_size); the class is the
+        residue id % num_classes most of a sequence's tokens share), or "clicks" (a click model's
+        rows: shape [fields, dense_features], each row `fields` Zipf-skewed ids in
+        [0, vocab_size) stored as floats, then the dense features; 2 classes, click or not).
+      vocab_size: synthetic tokens: number of token ids; clicks: the ids of all fields together
+        (the embedding table's rows, at most 2 ** 24).
+      zipf_exponent: clicks: id k of a field is drawn with probability proportional to
+        1 / (k + 1) ** zipf_exponent (0: uniform).
       augment: images: random crop after 4-pixel zero padding, and random left-right flip,
         seeded per (seed, rank, epoch, step).
       cache: tfrecord and image_dir: decode all files once and keep them in memory when that
@@ -88,6 +95,7 @@ class DataConfig:
     seed: int = 0
     kind: str = "images"
     vocab_size: int = 1000
+    zipf_exponent: float = 1.05
     augment: bool = False
     cache: bool = True
 
@@ -384,6 +392,21 @@ def validate(config: Config, size: int | None = None) -> None:
         rule = f"must be >= data.num_classes ({data.num_classes}) for data.kind 'tokens'"
         _check(data.vocab_size >= data.num_classes, "data.vocab_size", rule, data.vocab_size)
         rule = "must be false for data.kind 'tokens' (it augments images)"
+        _check(not data.augment, "data.augment", rule, data.augment)
+    if data.kind == "clicks":
+        rule = "must be 'synthetic' for data.kind 'clicks'"
+        _check(data.source == "synthetic", "data.source", rule, data.source)
+        rule = "must be [fields, dense_features] for data.kind 'clicks'"
+        _check(len(data.shape) == 2, "data.shape", rule, data.shape)
+        rule = "must be 2 for data.kind 'clicks' (click or not)"
+        _check(data.num_classes == 2, "data.num_classes", rule, data.num_classes)
+        rule = f"must be <= {MAX_CLICK_IDS} for data.kind 'clicks' (ids travel as float32)"
+        _check(data.vocab_size <= MAX_CLICK_IDS, "data.vocab_size", rule, data.vocab_size)
+        rule = f"must be >= the {data.shape[0]} fields of data.shape for data.kind 'clicks'"
+        _check(data.vocab_size >= data.shape[0], "data.vocab_size", rule, data.vocab_size)
+        rule = "must be >= 0"
+        _check(data.zipf_exponent >= 0, "data.zipf_exponent", rule, data.zipf_exponent)
+        rule = "must be false for data.kind 'clicks' (it augments images)"
         _check(not data.augment, "data.augment", rule, data.augment)
     if data.source in ("tfrecord", "image_dir"):
         rule = "must be [height, width, channels] with 1 or 3 channels for image files"

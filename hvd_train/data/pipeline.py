@@ -197,43 +197,83 @@ def train_dataset(
 
 
 def validation_shard(
-    arrays: tuple[np.ndarray, ...], batch_size: int, rank: int, size: int
+    arrays: tuple[np.ndarray, ...],
+    batch_size: int,
+    rank: int,
+    size: int,
+    equal_batches: bool = False,
 ) -> tf.data.Dataset:
     """This rank's 1/size of the validation data (strided; sizes may differ by one sample).
 
     No collective runs during evaluation, so ranks may take different numbers of steps; the
     metric states are summed over ranks afterwards (`keras.metrics.reduce_metrics_over_ranks`),
-    which makes the result exactly that of one process on all the data.
+    which makes the result exactly that of one process on all the data. `equal_batches`: every
+    rank runs as many batches (one of them may be a sample longer), for a model whose forward
+    pass is a collective (a table split by rows).
 
     Raises:
       DataError: arrays of different lengths, a rank outside 0..size - 1, or fewer validation
         samples than ranks (a rank would have nothing to evaluate).
     """
-    mine = validation_positions(sample_count([len(a) for a in arrays]), rank, size)
+    n = sample_count([len(a) for a in arrays])
+    mine = validation_positions(n, rank, size)
     shard = tuple(a[_slice(mine)] for a in arrays)
-    return tf.data.Dataset.from_tensor_slices(shard).batch(batch_size)
+    samples = tf.data.Dataset.from_tensor_slices(shard)
+    return _batched(samples, len(mine), n, batch_size, size, equal_batches)
 
 
-def validation_dataset(source: Source, batch_size: int, rank: int, size: int) -> tf.data.Dataset:
+def _batched(
+    samples: tf.data.Dataset, mine: int, n: int, batch_size: int, size: int, equal: bool
+) -> tf.data.Dataset:
+    """This rank's `mine` of `n` validation samples (a strided part) in batches; `equal`: as many
+    batches as every other rank's part.
+
+    Parts differ by at most one sample, so their batch counts differ only where the longer parts
+    hold k * batch_size + 1 samples: those end in one batch of batch_size + 1 instead."""
+    longest = -(-n // size)
+    if equal and mine == longest and n % size and (longest - 1) % batch_size == 0:
+        first = longest - 1 - batch_size
+        return (
+            samples.take(first)
+            .batch(batch_size)
+            .concatenate(samples.skip(first).batch(batch_size + 1))
+        )
+    return samples.batch(batch_size)
+
+
+def validation_dataset(
+    source: Source, batch_size: int, rank: int, size: int, equal_batches: bool = False
+) -> tf.data.Dataset:
     """This rank's part of the validation data, (x, y) batches; together the ranks cover it once.
 
     Arrays and image files: strided, rank r takes samples r, r+size, .... TFRecord files: by file
     (files r, r+size, ... of the sorted list) when every rank gets at least one record that way,
-    else by record (`Dataset.shard`).
+    else by record (`Dataset.shard`). `equal_batches`: as many batches on every rank
+    (`validation_shard`), for arrays and image files.
 
     Raises:
-      DataError: fewer validation samples than ranks (a rank would have nothing to evaluate).
+      DataError: fewer validation samples than ranks (a rank would have nothing to evaluate);
+        equal_batches for TFRecord files read every epoch.
     """
     if isinstance(source, Arrays):
-        shard = validation_shard((source.x_val, source.y_val), batch_size, rank, size)
+        arrays = (source.x_val, source.y_val)
+        shard = validation_shard(arrays, batch_size, rank, size, equal_batches)
         return shard.map(lambda x, y: (_to_model(x), y)).prefetch(tf.data.AUTOTUNE)
     if isinstance(source, ImageFiles):
         n = sample_count([len(source.val_paths), len(source.val_labels)])
-        mine = _slice(validation_positions(n, rank, size, "validation images"))
+        positions = validation_positions(n, rank, size, "validation images")
+        mine = _slice(positions)
         paths = tf.data.Dataset.from_tensor_slices(
             (source.val_paths[mine], source.val_labels[mine])
         )
         images = paths.map(image_reader(source), num_parallel_calls=tf.data.AUTOTUNE)
+        batches = _batched(images, len(positions), n, batch_size, size, equal_batches)
+    elif equal_batches:
+        raise DataError(
+            f"{source.pattern!r}: a model whose forward pass is a collective (a table split by "
+            "rows) needs as many validation batches on every rank, which TFRecord files read "
+            "every epoch cannot promise: decode them into memory (data.cache: true)"
+        )
     else:
         files, counts = source.val_files, source.val_counts
         validation_positions(sum(counts), rank, size, "validation records", repr(source.pattern))
@@ -242,8 +282,7 @@ def validation_dataset(source: Source, batch_size: int, rank: int, size: int) ->
         else:  # record g to rank g % size, as `sharding.rank_of` has it
             records = read_records(files).shard(size, rank)
         images = records.map(example_parser(source), num_parallel_calls=tf.data.AUTOTUNE)
-    return (
-        images.batch(batch_size)
-        .map(lambda x, y: (_to_model(x), y), num_parallel_calls=tf.data.AUTOTUNE)
-        .prefetch(tf.data.AUTOTUNE)
-    )
+        batches = images.batch(batch_size)
+    return batches.map(
+        lambda x, y: (_to_model(x), y), num_parallel_calls=tf.data.AUTOTUNE
+    ).prefetch(tf.data.AUTOTUNE)

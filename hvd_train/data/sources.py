@@ -1,7 +1,7 @@
 """Data sources and their loaders: what `load` makes of a config's `data` section.
 
-The source types: `Arrays` (in memory: digits, mnist_5k, synthetic images or tokens, npz, and
-Keras's cached mnist and cifar10 from `keras_cache.py`), `RecordFiles` (TFRecord files of
+The source types: `Arrays` (in memory: digits, mnist_5k, synthetic images, tokens or clicks, npz,
+and Keras's cached mnist and cifar10 from `keras_cache.py`), `RecordFiles` (TFRecord files of
 `tf.train.Example`s) and `ImageFiles` (one folder per class); files are listed and counted here,
 and decoded later in the pipeline (or once, by `memory.decode_into_memory`). Validation data are
 held out by a seeded permutation where the config names none.
@@ -155,6 +155,45 @@ def _synthetic_tokens(
     np.add.at(counts, (np.arange(num_samples)[:, None], x % num_classes), 1)
     y = counts.argmax(axis=1).astype("int32")
     return Arrays(*_split(x, y, fraction, seed), num_classes=num_classes)
+
+
+def zipf_probabilities(count: int, exponent: float) -> np.ndarray:
+    """P(id k) proportional to 1 / (k + 1) ** exponent for k in [0, count): a bounded Zipf law."""
+    weights = 1.0 / np.arange(1, count + 1, dtype="float64") ** exponent
+    return weights / weights.sum()
+
+
+def _synthetic_clicks(
+    fields: int,
+    dense: int,
+    vocab_size: int,
+    exponent: float,
+    num_samples: int,
+    seed: int,
+    fraction: float,
+) -> Arrays:
+    """Click rows: `fields` ids, then `dense` standard normal features, all float32; label 1 where
+    a hidden linear click model scores above its median (so the classes are balanced).
+
+    The ids of all fields share [0, vocab_size): field f owns the block of ids from
+    f * vocab_size // fields, and its ids are that block's first ones Zipf-skewed (the hottest is
+    the block's first). The score is sum of w[id] / sqrt(fields) + 0.5 * v . dense / sqrt(dense),
+    w and v fixed standard normal: mostly the ids, so a model must learn their embeddings; the
+    rare ids it sees too seldom to learn cap what is learnable.
+    """
+    rng = np.random.default_rng(seed)
+    starts = np.arange(fields) * vocab_size // fields
+    sizes = np.diff(np.append(starts, vocab_size))
+    ids = np.empty((num_samples, fields), "int64")
+    for f in range(fields):
+        probs = zipf_probabilities(int(sizes[f]), exponent)
+        ids[:, f] = starts[f] + rng.choice(int(sizes[f]), num_samples, p=probs)
+    features = rng.standard_normal((num_samples, dense))
+    w, v = rng.standard_normal(vocab_size), rng.standard_normal(dense)
+    score = w[ids].sum(axis=1) / np.sqrt(fields) + 0.5 * features @ v / np.sqrt(dense)
+    x = np.concatenate([ids.astype("float64"), features], axis=1).astype("float32")
+    y = (score > np.median(score)).astype("int32")
+    return Arrays(*_split(x, y, fraction, seed), num_classes=2)
 
 
 def _check_pair(name: str, x: np.ndarray, y: np.ndarray, path: str) -> None:
@@ -377,6 +416,17 @@ def load(data: Any) -> Source:
             length,
             data.vocab_size,
             data.num_classes,
+            data.num_samples,
+            data.seed,
+            data.validation_fraction,
+        )
+    if data.source == "synthetic" and data.kind == "clicks":
+        fields, dense = data.shape
+        return _synthetic_clicks(
+            fields,
+            dense,
+            data.vocab_size,
+            data.zipf_exponent,
             data.num_samples,
             data.seed,
             data.validation_fraction,

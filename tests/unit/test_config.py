@@ -294,7 +294,33 @@ BAD_YAML = [
         "data: {source: npz, path: x.npz, val_path: y.npz}\n",
         "data.val_path: is read only by data.source 'tfrecord' or 'image_dir', got 'y.npz'",
     ),
-    ("data: {kind: text}\n", "data.kind: must be one of (images, tokens), got 'text'"),
+    ("data: {kind: text}\n", "data.kind: must be one of (images, tokens, clicks), got 'text'"),
+    (
+        "data: {source: digits, kind: clicks, shape: [8, 4], num_classes: 2}\n",
+        "data.source: must be 'synthetic' for data.kind 'clicks', got 'digits'",
+    ),
+    (
+        "data: {source: synthetic, kind: clicks, shape: [12], num_classes: 2}\n",
+        "data.shape: must be [fields, dense_features] for data.kind 'clicks', got [12]",
+    ),
+    (
+        "data: {source: synthetic, kind: clicks, shape: [8, 4]}\n",
+        "data.num_classes: must be 2 for data.kind 'clicks' (click or not), got 10",
+    ),
+    (
+        "data: {source: synthetic, kind: clicks, shape: [8, 4], num_classes: 2, "
+        "vocab_size: 16777217}\n",
+        "data.vocab_size: must be <= 16777216 for data.kind 'clicks' (ids travel as float32)",
+    ),
+    (
+        "data: {source: synthetic, kind: clicks, shape: [8, 4], num_classes: 2, vocab_size: 7}\n",
+        "data.vocab_size: must be >= the 8 fields of data.shape for data.kind 'clicks', got 7",
+    ),
+    (
+        "data: {source: synthetic, kind: clicks, shape: [8, 4], num_classes: 2, "
+        "zipf_exponent: -1}\n",
+        "data.zipf_exponent: must be >= 0, got -1",
+    ),
     (
         "data: {source: mnist, kind: tokens, shape: [16]}\n",
         "data.source: must be 'synthetic' for data.kind 'tokens', got 'mnist'",

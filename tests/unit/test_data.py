@@ -159,3 +159,48 @@ def test_synthetic_tokens_follow_the_majority_residue_rule():
     assert np.array_equal(y, counts.argmax(axis=1))
     assert np.bincount(y, minlength=4).min() > 0.15 * len(y)  # roughly balanced
     assert np.array_equal(data.load(cfg).x_train, arrays.x_train)  # seeded
+
+
+def test_synthetic_clicks_hold_zipf_ids_per_field_then_dense_features_and_balanced_labels():
+    cfg = DataConfig(
+        source="synthetic",
+        kind="clicks",
+        shape=[3, 2],
+        vocab_size=300,
+        num_classes=2,
+        num_samples=20000,
+        zipf_exponent=1.0,
+    )
+    arrays = data.load(cfg)
+    assert arrays.input_shape == (5,) and arrays.x_train.dtype == np.float32
+    x = np.concatenate([arrays.x_train, arrays.x_val])
+    y = np.concatenate([arrays.y_train, arrays.y_val])
+    ids = x[:, :3]
+    assert np.array_equal(ids, np.round(ids))  # integers, exact in float32
+    for field in range(3):  # field f's ids are the f-th block of 100
+        own = ids[:, field] - 100 * field
+        assert own.min() >= 0 and own.max() < 100
+        # The hottest id's share against the closed form, 1 / H(100) = 0.193 (sd 0.003).
+        assert np.mean(own == 0) == pytest.approx(1 / np.sum(1 / np.arange(1, 101)), abs=0.015)
+    # The control: a uniform draw gives the first id 1 / 100.
+    uniform = data.load(DataConfig(**{**cfg.__dict__, "zipf_exponent": 0.0}))
+    assert np.mean(uniform.x_train[:, 0] == 0) == pytest.approx(0.01, abs=0.005)
+    assert abs(y.mean() - 0.5) < 0.01  # split at the score's median
+    assert np.array_equal(data.load(cfg).x_train, arrays.x_train)  # seeded
+
+
+@pytest.mark.parametrize(("n", "size", "batch"), [(386, 3, 32), (33, 2, 16), (7, 2, 1), (7, 3, 2)])
+def test_equal_batches_give_every_rank_as_many_batches_and_each_sample_once(n, size, batch):
+    x, y = np.arange(n, dtype="float32")[:, None], np.arange(n)
+
+    def counts(equal):
+        shards = [data.validation_shard((x, y), batch, r, size, equal) for r in range(size)]
+        return [len(list(shard)) for shard in shards], shards
+
+    plain, _ = counts(False)
+    assert len(set(plain)) == 2  # the cases where plain batches differ
+    equal, shards = counts(True)
+    assert len(set(equal)) == 1 and equal[0] == min(plain)
+    seen = sorted(int(v) for shard in shards for _, labels in shard for v in labels.numpy())
+    assert seen == list(range(n))
+    assert all(int(sh.cardinality()) == equal[0] for sh in shards)  # known to Keras in advance
