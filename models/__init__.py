@@ -61,6 +61,15 @@ def summary(name: str) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
+def parameters(name: str) -> set[str]:
+    """The keyword arguments a registered builder takes, past input_shape and num_classes.
+
+    Raises:
+      KeyError: an unknown name (the message lists the known ones).
+    """
+    return set(list(inspect.signature(_builder(name)).parameters)[2:])
+
+
 def build(name: str, input_shape: tuple[int, ...], num_classes: int, **hp: Any) -> Any:
     """Build a registered model.
 
@@ -134,4 +143,4 @@ def _line_in(path: str, err: Exception) -> str:
 
 
 # Register the zoo's builders (after `register` exists; none of these imports Keras).
-from models import applications, resnet, small, transformer  # noqa: E402,F401
+from models import applications, recommender, resnet, small, transformer  # noqa: E402,F401

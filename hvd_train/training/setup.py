@@ -105,7 +105,8 @@ def build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) 
     if config.model.file is not None:
         models.load_file(config.model.file)  # every rank; a no-op after check_train_args
     try:
-        model = models.build(config.model.name, input_shape, num_classes, **config.model.params)
+        params = _data_params(config, models.parameters(config.model.name))
+        model = models.build(config.model.name, input_shape, num_classes, **params)
     except TypeError as err:  # an unknown or misspelled builder argument
         raise config_lib.ConfigError(f"model.params: {err}") from None
     if config.train.sync_batchnorm:
@@ -114,6 +115,32 @@ def build_model(config: Config, input_shape: tuple[int, ...], num_classes: int) 
         except ValueError as err:
             raise config_lib.ConfigError(f"train.sync_batchnorm: {err}") from None
     return model
+
+
+def _data_params(config: Config, accepted: set[str]) -> dict[str, Any]:
+    """model.params, and for "clicks" data the table's `rows` (data.vocab_size) and the `fields`
+    (data.shape[0]) where the builder takes them and the params do not name them.
+
+    Raises:
+      ConfigError: named ones that do not fit the data (ids the table would not hold).
+    """
+    params = dict(config.model.params)
+    if config.data.kind != "clicks":
+        return params
+    data = config.data
+    for key, value, fits in (
+        ("rows", data.vocab_size, lambda rows: rows >= data.vocab_size),
+        ("fields", data.shape[0], lambda fields: fields == data.shape[0]),
+    ):
+        if key not in accepted:
+            continue
+        if key in params and not fits(params[key]):
+            raise config_lib.ConfigError(
+                f"model.params.{key}: {params[key]} does not fit the clicks data "
+                f"(data.vocab_size {data.vocab_size}, data.shape {data.shape})"
+            )
+        params.setdefault(key, value)
+    return params
 
 
 def make_schedule(config: Config, global_batch_size: int, updates_per_epoch: float) -> Any:

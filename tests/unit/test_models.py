@@ -15,7 +15,7 @@ from hvd_train.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 ZOO = {"mlp", "cnn", "resnet20", "resnet56", "transformer", "resnet50", "mobilenetv2"}
-ZOO.add("efficientnetb0")
+ZOO.update({"efficientnetb0", "dlrm"})
 
 
 def test_registry_lists_and_rejects_unknown_names():
@@ -40,6 +40,7 @@ def test_registry_lists_and_rejects_unknown_names():
 #   ResNet-50: 23534592 + 2048*10+10 = 23555082; MobileNetV2: 2223872 + 1280*10+10 = 2236682;
 #   EfficientNet-B0: 4007548 + 12810 = 4020358. Totals add BatchNorm moving statistics (and
 #   EfficientNet's input Normalization: mean, variance, count = 7).
+DLRM = {"rows": 100, "fields": 3, "dim": 4, "bottom": (8,), "top": (16, 8)}
 CASES = [
     # (name, input shape, hp, total parameters, trainable), 10 classes.
     # mlp: 64*64+64 + 64*32+32 + 32*10+10
@@ -52,6 +53,11 @@ CASES = [
     ("resnet50", (32, 32, 3), {}, 23608202, 23555082),
     ("mobilenetv2", (32, 32, 3), {}, 2270794, 2236682),
     ("efficientnetb0", (32, 32, 3), {}, 4062381, 4020358),
+    # dlrm on 3 ids + 2 dense features: table 100*4 = 400; bottom 2*8+8 = 24, 8*4+4 = 36; the
+    #   dots of 4 vectors (16) and the dense vector (4): top 20*16+16 = 336, 16*8+8 = 136; logits
+    #   8*10+10 = 90; total 1022, the same split (one worker: one shard) or Keras's Embedding.
+    ("dlrm", (5,), {**DLRM, "sharded": True}, 1022, 1022),
+    ("dlrm", (5,), {**DLRM, "sharded": False}, 1022, 1022),
 ]
 
 
@@ -79,6 +85,9 @@ def test_parameter_count_and_one_step(name, input_shape, hp, params, trainable):
     batch = 2
     if name == "transformer":
         x = rng.integers(0, hp["vocab_size"], (batch, *input_shape))
+    elif name == "dlrm":  # ids as floats, then the dense features
+        ids = rng.integers(0, hp["rows"], (batch, hp["fields"])).astype(np.float32)
+        x = np.concatenate([ids, rng.random((batch, 2), dtype=np.float32)], axis=1)
     else:
         x = rng.random((batch, *input_shape), dtype=np.float32)
     loss = model.train_on_batch(x, np.arange(batch))
@@ -127,6 +136,7 @@ def test_option_a_shortcut_subsamples_and_pads_channels_with_zeros():
         ("resnet20", (32, 32, 3), {"weight_decay": -1}, r"weight_decay must be >= 0, got -1"),
         ("transformer", (8, 8), {}, r"transformer: input_shape must be \(seq_len,\), got \(8, 8\)"),
         ("transformer", (8,), {"heads": 5}, r"d_model \(64\) must be divisible by heads \(5\)"),
+        ("dlrm", (3,), {"fields": 3}, r"dlrm: input_shape must be \(fields \+ dense features,\)"),
     ],
 )
 def test_builders_reject_bad_shapes_and_params_in_one_line(name, input_shape, hp, message):
