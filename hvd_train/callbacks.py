@@ -151,6 +151,57 @@ class GatherShardedState(keras.callbacks.Callback):
             pass
 
 
+class GatherRowShards(keras.callbacks.Callback):
+    """A model with a table split by rows (`ShardedEmbedding`): its variables and the optimizer's,
+    whole and in global row order, for rank 0's next checkpoint; each row shard is gathered as
+    rank 0 writes it (`keras.embedding.gather_rows`, collectives per 16 MiB of rows), the other
+    variables are rank 0's own. The protocol of `GatherShardedState`: `gather()` on every rank
+    before each checkpoint and at each epoch's end, rank 0's writer `take()`s the streams,
+    `settle()` runs what it did not take."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.source = model
+        self._streams: tuple[Any, Any] | None = None
+
+    def gather(self) -> None:
+        if self._streams is not None:  # its gathers would pair with the others' next ones
+            raise RuntimeError("the last gather of the table's rows was not settled")
+        streams = (
+            _whole(self.source.variables),
+            _whole(compat.optimizer_variables(self.source.optimizer)),
+        )
+        if comm.is_chief():
+            self._streams = streams
+        else:
+            for stream in streams:
+                for _ in stream:
+                    pass
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.gather()
+
+    def take(self) -> tuple[Any, Any]:
+        """Rank 0: the prepared (model, optimizer) streams of arrays, once."""
+        if self._streams is None:
+            raise RuntimeError("the table's rows were not gathered for this checkpoint")
+        return self._streams
+
+    def settle(self) -> None:
+        """Rank 0: run the gathers its writer did not take, the model's first."""
+        streams, self._streams = self._streams, None
+        for stream in streams or ():
+            for _ in stream:
+                pass
+
+
+def _whole(variables: list[Any]) -> Any:
+    """The variables' whole values one at a time (a collective for each row shard; None on the
+    ranks but 0)."""
+    for variable in variables:
+        yield embedding.gather_rows(variable)
+
+
 # --- faults: stop at an agreed step, checkpoints inside epochs, watchdog, divergence ------------
 
 

@@ -83,6 +83,15 @@ def has_row_shards(model: Any) -> bool:
     return any(is_row_sharded(v) for v in model.variables)
 
 
+def splits_rows(model: Any) -> bool:
+    """True if the model holds a `ShardedEmbedding` that splits its table over all ranks (at one
+    worker too, where the one shard is the whole table)."""
+    return any(
+        isinstance(layer, ShardedEmbedding) and layer.shards is None
+        for layer in model._flatten_layers()
+    )
+
+
 class _RowInitializer(keras.initializers.Initializer):
     """Uniform in [-scale, scale], a function of (seed, global row) alone: rows are drawn in blocks
     of `_INIT_BLOCK_ROWS` (one stateless draw each) and each rank keeps its own, so every worker

@@ -419,6 +419,13 @@ def _train_elastic(config: Config, run_dir: Path, argv: list[str] | None, starte
         )
 
     model = setup.build_model(config, source.input_shape, source.num_classes)
+    from hvd_train.keras import embedding
+
+    if embedding.splits_rows(model):  # the same on every worker: it depends on the config alone
+        raise config_lib.ConfigError(
+            f"--elastic: model {config.model.name!r} splits a table by rows (ShardedEmbedding), "
+            "and the rows would not follow a change of workers; train it without --elastic"
+        )
     # `_train` sets the schedule for the worker count of the moment; this one only makes the rate
     # a schedule from the start (a rate variable would be dropped from the optimizer's variables
     # when the schedule replaces it, and a joining worker would broadcast one variable more).

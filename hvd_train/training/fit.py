@@ -119,8 +119,13 @@ def _train(
         )
 
     train_ds, steps = epochs_from(start.epoch)
-    val_ds = data.validation_dataset(source, per_rank_batch, comm.rank(), size)
     model = _build_and_compile(config, source, global_batch, steps)
+    from hvd_train.keras import embedding
+
+    # A table split by rows makes every validation batch a collective: as many on every rank.
+    val_ds = data.validation_dataset(
+        source, per_rank_batch, comm.rank(), size, equal_batches=embedding.has_row_shards(model)
+    )
     job_start.check_model(model)  # before the first collective that depends on the model
     _restore_everywhere(model, start)
 
@@ -141,14 +146,20 @@ def _train(
         files.write(run_dir / "metrics.json", lambda: _writers(config, run_dir, size, steps, best))
         or []
     )
-    from hvd_train.callbacks import GatherShardedState, distributed_callbacks
-    from hvd_train.keras import sharded
+    from hvd_train.callbacks import GatherRowShards, GatherShardedState, distributed_callbacks
+    from hvd_train.keras import embedding, sharded
 
-    # A sharded optimizer's state is gathered whole on every rank at each checkpoint, one
-    # variable at a time as rank 0 writes it.
-    gathered = [GatherShardedState(model.optimizer)] if sharded.is_sharded(model.optimizer) else []
-    if gathered and writers:
-        writers[0].optimizer_state = gathered[0].take
+    # A sharded optimizer's state, or a table split by rows with its slots, is gathered whole on
+    # every rank at each checkpoint, one variable at a time as rank 0 writes it.
+    gathered: list[Any] = []
+    if sharded.is_sharded(model.optimizer):
+        gathered = [GatherShardedState(model.optimizer)]
+        if writers:
+            writers[0].optimizer_state = gathered[0].take
+    elif embedding.has_row_shards(model):
+        gathered = [GatherRowShards(model)]
+        if writers:
+            writers[0].whole_state = gathered[0].take
     write_checkpoint = _checkpoint_writer(files, writers[0] if writers else None, gathered)
     fault_callbacks, in_epoch = _fault_callbacks(config, steps, stop, watchdog, write_checkpoint)
 
@@ -259,7 +270,7 @@ def _restore_everywhere(model: Any, start: ResumePoint) -> None:
     """Rank 0 puts the checkpoint into the model; every rank learns whether that failed (the
     values themselves reach the others with the start-of-training broadcast; a sharded
     optimizer's shards go to every rank here, each rank taking its piece)."""
-    from hvd_train.keras import sharded
+    from hvd_train.keras import embedding, sharded
 
     checkpoint, error = start.checkpoint, None
     if checkpoint is not None:
@@ -275,6 +286,18 @@ def _restore_everywhere(model: Any, start: ResumePoint) -> None:
         values = checkpoint.optimizer if checkpoint is not None else None
         source = f"checkpoint {checkpoint.path}" if checkpoint is not None else ""
         sharded.restore_whole(model.optimizer, values, source)
+    if start.meta and embedding.has_row_shards(model):
+        # Rank 0 checked the whole shapes; each rank takes its rows at this worker count.
+        for variables, values in (
+            (model.variables, checkpoint.model if checkpoint is not None else None),
+            (
+                compat.optimizer_variables(model.optimizer),
+                checkpoint.optimizer if checkpoint is not None else None,
+            ),
+        ):
+            for i, variable in enumerate(variables):
+                if embedding.is_row_sharded(variable):
+                    embedding.scatter_rows(variable, None if values is None else values[i])
 
 
 def restore(model: Any, checkpoint: Any) -> None:
@@ -284,7 +307,7 @@ def restore(model: Any, checkpoint: Any) -> None:
     Raises:
       CheckpointError: the checkpoint's variables do not match this model's in count or shape.
     """
-    from hvd_train.keras import sharded
+    from hvd_train.keras import embedding, sharded
 
     optimizer = model.optimizer
     is_sharded = sharded.is_sharded(optimizer)
@@ -307,13 +330,14 @@ def restore(model: Any, checkpoint: Any) -> None:
     targets = list(model.variables) + ([] if is_sharded else optimizer_variables)
     values = values[: len(targets)]
     for var, value in zip(targets, values, strict=True):
-        if tuple(var.shape) != value.shape:
+        if embedding.whole_shape(var) != value.shape:
             raise ckpt.CheckpointError(
                 f"checkpoint {checkpoint.path}: variable {compat.variable_name(var)} has shape "
-                f"{value.shape} there, {tuple(var.shape)} in this model"
+                f"{value.shape} there, {embedding.whole_shape(var)} in this model"
             )
     for var, value in zip(targets, values, strict=True):
-        var.assign(value)
+        if not embedding.is_row_sharded(var):  # a row shard: `scatter_rows` on every rank
+            var.assign(value)
 
 
 def _writers(config: Config, run_dir: Path, size: int, steps: int, best: Any) -> list[Any]:

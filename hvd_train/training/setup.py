@@ -171,17 +171,22 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
 
     Raises:
       ConfigError: "two_level" where this job cannot run it, or optimizer.shard_state on the
-        classic stack.
+        classic stack or with a table split by rows.
     """
     import keras
 
-    from hvd_train.keras import compat
+    from hvd_train.keras import compat, embedding
     from hvd_train.keras.optimizer import DistributedOptimizer
 
     opt_cfg = config.optimizer
     if opt_cfg.shard_state and compat.CLASSIC:
         raise config_lib.ConfigError(
             "optimizer.shard_state: needs the modern stack (Keras 3); the classic stack has none"
+        )
+    if opt_cfg.shard_state and embedding.splits_rows(model):
+        raise config_lib.ConfigError(
+            f"optimizer.shard_state: model {config.model.name!r} splits a table by rows "
+            "(ShardedEmbedding) already; use one or the other"
         )
     try:
         # Every rank alike: choosing the reduction is a collective unless it is "flat".

@@ -18,7 +18,7 @@ import keras
 
 from hvd_train.core import checkpoint, inject
 from hvd_train.core import config as config_lib
-from hvd_train.keras import compat
+from hvd_train.keras import compat, embedding
 
 log = logging.getLogger("hvd_train")
 
@@ -49,6 +49,9 @@ class CheckpointWriter(keras.callbacks.Callback):
         # The optimizer's arrays for a checkpoint: its variables here, unless the job gathers
         # them (a sharded optimizer's whole state, one at a time: `GatherShardedState.take`).
         self.optimizer_state: Callable[[], Iterable[Any]] | None = None
+        # The model's and the optimizer's arrays together, where a table split by rows is
+        # gathered whole (`GatherRowShards.take`).
+        self.whole_state: Callable[[], tuple[Iterable[Any], Iterable[Any]]] | None = None
 
     def _improves(self, value: float) -> bool:
         if self.best is None:
@@ -79,21 +82,29 @@ class CheckpointWriter(keras.callbacks.Callback):
             "step_checkpoint" if step_in_epoch else "checkpoint",
             self.directory / checkpoint.epoch_dir_name(epoch, step_in_epoch),
         )
+        # Read one at a time as they are written: no copy of the whole model at once.
+        if self.whole_state is not None:
+            model_values, optimizer_values = self.whole_state()
+        else:
+            model_values = (v.numpy() for v in self.model.variables)
+            optimizer_values = (
+                self.optimizer_state()
+                if self.optimizer_state is not None
+                else (v.numpy() for v in compat.optimizer_variables(optimizer))
+            )
         path = checkpoint.write(
             self.directory,
             epoch,
-            # Read one at a time as they are written: no copy of the whole model at once.
-            (v.numpy() for v in self.model.variables),
-            self.optimizer_state()
-            if self.optimizer_state is not None
-            else (v.numpy() for v in compat.optimizer_variables(optimizer)),
+            model_values,
+            optimizer_values,
             {
                 **self.meta,
                 "step": int(optimizer.iterations.numpy()),
                 "metrics": logs or {},
                 "best": self.best,
                 "model_variables": [
-                    [compat.variable_name(v), list(v.shape)] for v in self.model.variables
+                    [compat.variable_name(v), list(embedding.whole_shape(v))]
+                    for v in self.model.variables
                 ],
             },
             step_in_epoch=step_in_epoch,
