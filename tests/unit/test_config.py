@@ -187,15 +187,19 @@ def test_to_dict_is_a_deep_copy():
 
 
 @pytest.mark.parametrize(
-    ("path", "per_rank", "global_", "epochs"),
-    [("configs/digits.yaml", 32, 64, 12), ("configs/synthetic.yaml", 32, 64, 3)],
+    ("path", "per_rank", "global_", "epochs", "model"),
+    [
+        ("configs/digits.yaml", 32, 64, 12, "cnn"),
+        ("configs/synthetic.yaml", 32, 64, 3, "cnn"),
+        ("configs/clicks.yaml", 128, 256, 3, "dlrm"),
+    ],
 )
-def test_shipped_configs_load_and_validate(path, per_rank, global_, epochs):
+def test_shipped_configs_load_and_validate(path, per_rank, global_, epochs, model):
     cfg = config.load(REPO / path)
     config.validate(cfg, size=2)
     assert config.resolved_batch_sizes(cfg, 2) == (per_rank, global_)
     assert cfg.train.epochs == epochs
-    assert cfg.model.name == "cnn"
+    assert cfg.model.name == model
     assert (REPO / path).read_text().startswith("#")
 
 
