@@ -142,6 +142,16 @@ def test_a_split_checkpoint_resumes_at_another_worker_count(runs, tmp_path):
     )
 
 
+def test_the_shipped_click_job_learns_on_two_workers(tmp_path):
+    """configs/clicks.yaml for 2 epochs: 200,000 rows split over 2 workers (chance is 0.5;
+    measured 0.80)."""
+    argv = [PYTHON, "-m", "hvd_train.cli", "launch", "--np", "2", "--", "train", "--config"]
+    argv += [str(REPO / "configs" / "clicks.yaml"), "--set", "train.epochs=2"]
+    job = run([*argv, "--set", f"run_dir={tmp_path / 'run'}"], timeout=300)
+    assert job.returncode == 0, job.tail()
+    assert result_of(job)["final"]["accuracy"] > 0.75
+
+
 def test_elastic_with_a_split_table_is_refused(tmp_path):
     per_rank = ["--set", "train.global_batch_size=null", "--set", "train.per_rank_batch_size=32"]
     args = [*TRAIN, *per_rank, "--elastic", "--set", f"run_dir={tmp_path / 'run'}"]
