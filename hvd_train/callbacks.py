@@ -108,69 +108,28 @@ def distributed_callbacks(root_rank: int = 0) -> list[keras.callbacks.Callback]:
     return [BroadcastInitialState(root_rank), AverageMetrics(), AverageNonTrainable()]
 
 
-class GatherShardedState(keras.callbacks.Callback):
-    """A sharded optimizer's whole state for rank 0's next checkpoint, one variable at a time
-    (`keras.sharded.gather_stream`, a collective per variable).
+class _GatherForCheckpoint(keras.callbacks.Callback):
+    """Whole arrays for rank 0's next checkpoint, gathered as its writer reads them: `gather()` on
+    every rank before each checkpoint and at each epoch's end (put it before the checkpoint's
+    writer). The other ranks run every gather there; rank 0 prepares the streams, its writer
+    takes them and writes each array as it is gathered, and `settle()` after the writer runs what
+    it did not take (it failed, or was skipped), so every rank runs the same gathers in the same
+    order."""
 
-    `gather()` before each checkpoint on every rank, and at each epoch's end (put it before the
-    checkpoint's writer): the other ranks run every gather there; rank 0 prepares them, its
-    writer `take()`s the stream and writes each variable as it is gathered, and `settle()` after
-    the writer runs what it did not take (it failed, or was skipped), so every rank runs the same
-    gathers."""
+    what = ""
 
-    def __init__(self, optimizer: Any) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.optimizer = optimizer
-        self._stream: Any = None
+        self._streams: tuple[Any, ...] | None = None
 
-    def gather(self) -> None:
-        from hvd_train.keras.sharded import gather_stream
-
-        if self._stream is not None:  # its gathers would pair with the others' next ones
-            raise RuntimeError("the last gather of the sharded optimizer state was not settled")
-        stream = gather_stream(self.optimizer)
-        if comm.is_chief():
-            self._stream = stream
-        else:
-            for _ in stream:
-                pass
-
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self.gather()
-
-    def take(self) -> Any:
-        """Rank 0: the prepared stream (an iterator of arrays), once."""
-        if self._stream is None:
-            raise RuntimeError("the sharded optimizer state was not gathered for this checkpoint")
-        return self._stream
-
-    def settle(self) -> None:
-        """Rank 0: run the gathers its writer did not take."""
-        stream, self._stream = self._stream, None
-        for _ in stream or ():
-            pass
-
-
-class GatherRowShards(keras.callbacks.Callback):
-    """A model with a table split by rows (`ShardedEmbedding`): its variables and the optimizer's,
-    whole and in global row order, for rank 0's next checkpoint; each row shard is gathered as
-    rank 0 writes it (`keras.embedding.gather_rows`, collectives per 16 MiB of rows), the other
-    variables are rank 0's own. The protocol of `GatherShardedState`: `gather()` on every rank
-    before each checkpoint and at each epoch's end, rank 0's writer `take()`s the streams,
-    `settle()` runs what it did not take."""
-
-    def __init__(self, model: Any) -> None:
-        super().__init__()
-        self.source = model
-        self._streams: tuple[Any, Any] | None = None
+    def _prepare(self) -> tuple[Any, ...]:
+        """The streams (iterators of arrays, a collective per step), in the writer's order."""
+        raise NotImplementedError
 
     def gather(self) -> None:
         if self._streams is not None:  # its gathers would pair with the others' next ones
-            raise RuntimeError("the last gather of the table's rows was not settled")
-        streams = (
-            _whole(self.source.variables),
-            _whole(compat.optimizer_variables(self.source.optimizer)),
-        )
+            raise RuntimeError(f"the last gather of {self.what} was not settled")
+        streams = self._prepare()
         if comm.is_chief():
             self._streams = streams
         else:
@@ -181,18 +140,60 @@ class GatherRowShards(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.gather()
 
-    def take(self) -> tuple[Any, Any]:
-        """Rank 0: the prepared (model, optimizer) streams of arrays, once."""
+    def _taken(self) -> tuple[Any, ...]:
         if self._streams is None:
-            raise RuntimeError("the table's rows were not gathered for this checkpoint")
+            raise RuntimeError(f"{self.what} was not gathered for this checkpoint")
         return self._streams
 
     def settle(self) -> None:
-        """Rank 0: run the gathers its writer did not take, the model's first."""
+        """Rank 0: run the gathers its writer did not take, in order."""
         streams, self._streams = self._streams, None
         for stream in streams or ():
             for _ in stream:
                 pass
+
+
+class GatherShardedState(_GatherForCheckpoint):
+    """A sharded optimizer's whole state, one variable at a time (`keras.sharded.gather_stream`, a
+    collective per variable)."""
+
+    what = "the sharded optimizer state"
+
+    def __init__(self, optimizer: Any) -> None:
+        super().__init__()
+        self.optimizer = optimizer
+
+    def _prepare(self) -> tuple[Any, ...]:
+        from hvd_train.keras.sharded import gather_stream
+
+        return (gather_stream(self.optimizer),)
+
+    def take(self) -> Any:
+        """Rank 0: the prepared stream (an iterator of arrays), once."""
+        return self._taken()[0]
+
+
+class GatherRowShards(_GatherForCheckpoint):
+    """A model with a table split by rows (`ShardedEmbedding`): its variables and the optimizer's,
+    whole and in global row order; each row shard gathered as rank 0 writes it
+    (`keras.embedding.gather_rows`, collectives per 16 MiB of rows), the other variables rank
+    0's own."""
+
+    what = "the table's rows"
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.source = model
+
+    def _prepare(self) -> tuple[Any, ...]:
+        return (
+            _whole(self.source.variables),
+            _whole(compat.optimizer_variables(self.source.optimizer)),
+        )
+
+    def take(self) -> tuple[Any, ...]:
+        """Rank 0: the prepared (model, optimizer) streams of arrays, once."""
+        return self._taken()
 
 
 def _whole(variables: list[Any]) -> Any:

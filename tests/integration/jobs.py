@@ -134,3 +134,19 @@ def result_of(job: Job) -> dict:
     found = re.findall(r"^(?:\[0\]<stdout>:)?result (\{.*\})$", job.output, re.MULTILINE)
     assert len(found) == 1, job.tail()
     return json.loads(found[0])
+
+
+def train_job(np_: int, train_args: list[str], run_dir: Path, *extra: str) -> dict:
+    """`hvd-train launch --np np_ -- <train_args> --set run_dir=run_dir <extra>`, which must
+    succeed within 300 s; its result line."""
+    argv = [PYTHON, "-m", "hvd_train.cli", "launch", "--np", str(np_), "--", *train_args]
+    job = run([*argv, "--set", f"run_dir={run_dir}", *extra], timeout=300)
+    assert job.returncode == 0, job.tail()
+    return result_of(job)
+
+
+def saved(run_dir: Path, epoch: int):
+    """The checkpoint of `epoch` in a run directory."""
+    from hvd_train.core import checkpoint
+
+    return checkpoint.load(run_dir / "checkpoints" / checkpoint.epoch_dir_name(epoch))

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from jobs import PYTHON, REPO, result_of, run
+from jobs import PYTHON, REPO, result_of, run, saved, train_job
 from test_bad_input import assert_one_error, hvd_train
 
 from hvd_train.core import checkpoint
@@ -44,14 +44,7 @@ ATOL = 1e-5
 
 
 def train(np_, run_dir, *extra):
-    argv = [PYTHON, "-m", "hvd_train.cli", "launch", "--np", str(np_), "--", *TRAIN]
-    job = run([*argv, "--set", f"run_dir={run_dir}", *extra], timeout=300)
-    assert job.returncode == 0, job.tail()
-    return result_of(job)
-
-
-def saved(run_dir, epoch):
-    return checkpoint.load(run_dir / "checkpoints" / checkpoint.epoch_dir_name(epoch))
+    return train_job(np_, TRAIN, run_dir, *extra)
 
 
 def table_of(state):
