@@ -64,8 +64,10 @@ class ModelCase:
     per_rank_batch_size: int
     params: dict = field(default_factory=dict)
     tokens: int = 0  # > 0: integer token ids below this (a sequence model); 0: float images
+    clicks: int = 0  # > 0: click rows, CLICK_FIELDS Zipf-skewed ids below this, then dense floats
 
 
+CLICK_FIELDS = 8
 MODELS = {
     m.name: m
     for m in (
@@ -76,6 +78,21 @@ MODELS = {
         # Gradients large against its compute: about 42 MB of weights, a few ms of matmuls.
         ModelCase(
             "wide_mlp", "mlp", (32, 32, 3), 16, {"hidden": [2048, 2048], "activation": "relu"}
+        ),
+        # The click model with a 1,000,000 x 32 table (128 MB): split by rows over the ranks
+        # (two alltoalls per lookup), or Keras's Embedding whole on every rank (its gradient
+        # densified into the allreduce). Not for the allreduce figures: the split table's
+        # gradient is never allreduced.
+        *(
+            ModelCase(
+                f"dlrm-{kind}",
+                "dlrm",
+                (CLICK_FIELDS + 4,),
+                256,
+                {"rows": 1_000_000, "fields": CLICK_FIELDS, "dim": 32, "sharded": kind == "split"},
+                clicks=1_000_000,
+            )
+            for kind in ("split", "dp")
         ),
     )
 }
@@ -174,6 +191,10 @@ def synthetic_batch(case: ModelCase, rank: int) -> tuple:
     shape = (case.per_rank_batch_size, *case.input_shape)
     if case.tokens:
         x = rng.integers(0, case.tokens, shape).astype("int32")
+    elif case.clicks:
+        ids = (rng.zipf(1.05, (case.per_rank_batch_size, CLICK_FIELDS)) - 1) % case.clicks
+        dense = rng.standard_normal((case.per_rank_batch_size, shape[1] - CLICK_FIELDS))
+        x = np.concatenate([ids, dense], axis=1).astype("float32")
     else:
         x = rng.standard_normal(shape).astype("float32")
     return x, rng.integers(0, 10, (case.per_rank_batch_size,)).astype("int32")
@@ -870,7 +891,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="the whole benchmark (root, holding the cluster lock)")
     r.add_argument("--rates", nargs="+", default=list(RATES), help="tc rates [%(default)s]")
-    r.add_argument("--models", nargs="+", choices=list(MODELS), help="[all]")
+    r.add_argument("--models", nargs="+", choices=list(MODELS), help="[all but the dlrm ones]")
     r.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="[all available]")
     r.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
     r.add_argument("--steps", type=int, default=5, help="timed steps [5]")
@@ -915,7 +936,7 @@ def main(argv: list[str] | None = None) -> int:
         variants, layouts = args.variants or list(QUICK_VARIANTS), args.layouts[:1]
         steps, warmup = min(args.steps, 4), 1
     else:
-        rates, models = args.rates, args.models or list(MODELS)
+        rates, models = args.rates, args.models or [n for n, m in MODELS.items() if not m.clicks]
         variants, layouts, steps, warmup = (
             args.variants or list(VARIANTS),
             args.layouts,

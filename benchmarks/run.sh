@@ -4,7 +4,7 @@
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
 #          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|network|
-#           large-batch|sharded-state|gloo-pairs|embedding-memory|all}
+#           large-batch|sharded-state|gloo-pairs|embedding-memory|embedding-network|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -80,6 +80,15 @@ sharded_state() {
   # Per-rank optimizer bytes and peak RSS, Adam sharded or not, N = 1, 2, 4: docs/knobs.md.
   run "$VENV/bin/python" -m benchmarks.sharded_state --out "$OUT"
 }
+embedding_network() {
+  # The split table against the same model data parallel on the cluster (root, holding the
+  # machine's cluster lock): docs/larger-models.md. [RATES="unlimited 1gbit"] [LAYOUTS="2x1 2x2"]
+  local rates layouts
+  read -ra rates <<<"${RATES:-unlimited 1gbit}"
+  read -ra layouts <<<"${LAYOUTS:-2x1 2x2}"
+  run flock /run/hvd_train_cluster.lock "$VENV/bin/python" -m benchmarks.embedding_network \
+    --rates "${rates[@]}" --layouts "${layouts[@]}" --out "$OUT"
+}
 embedding_memory() {
   # Per-rank table memory and step time, the table split by rows or not, N = 1, 2, 4: docs/larger-models.md.
   run "$VENV/bin/python" -m benchmarks.embedding_memory --out "$OUT"
@@ -95,6 +104,7 @@ case "${1:-}" in
   sharded-state) sharded_state ;;
   gloo-pairs) gloo_pairs ;;
   embedding-memory) embedding_memory ;;
+  embedding-network) embedding_network ;;
   all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers; stacks ;;
   *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
