@@ -26,11 +26,6 @@ DIGITS = ["train", "--config", "configs/digits.yaml", "--set", "optimizer.warmup
 # (name, launcher argv up to --np, ranks). horovodrun runs from h1
 # (test_cluster.py says why).
 SUITE = "tests/parallel/test_equivalence.py"
-EQUIVALENCE_SKIPS = {
-    test: condition
-    for test, condition in parallel_report.EXPECTED_SKIPS.items()
-    if test.startswith(f"{SUITE}::")
-}
 LAUNCH = [jobs.PYTHON, "-m", "hvd_train.core.launch"]
 SUITE_LAUNCHES = [
     ("mpirun-2x1", [*LAUNCH, "--hosts", "h1:1,h2:1"], 2),
@@ -53,15 +48,35 @@ SUITE_LAUNCHES = [
     ("name", "launcher", "ranks"), SUITE_LAUNCHES, ids=[s[0] for s in SUITE_LAUNCHES]
 )
 def test_equivalence_suite_across_hosts(cluster: Cluster, name: str, launcher: list, ranks: int):
+    _suite_across_hosts(cluster, name, launcher, ranks, [SUITE])
+
+
+# The larger-model modes at 2 hosts x 2: the sharded optimizer state (ZeRO stage 1) and the table
+# split by rows, each equal to one process (their modules' tolerances and controls).
+LARGER = ["tests/parallel/test_sharded_state.py", "tests/parallel/test_sharded_embedding.py"]
+
+
+def test_larger_model_suites_at_2_hosts_x_2(cluster: Cluster):
+    _suite_across_hosts(cluster, "larger-2x2", [*LAUNCH, "--hosts", "h1:2,h2:2"], 4, LARGER)
+
+
+def _suite_across_hosts(cluster: Cluster, name: str, launcher: list, ranks: int, files: list):
+    """The parallel test modules `files` under `launcher` on `ranks` ranks: every rank ran every
+    test, each passed or skipped as parallel_report.EXPECTED_SKIPS says."""
     out = cluster.state / "shared" / f"suite-{name}"
     out.mkdir()
-    suite = [jobs.PYTHON, "-m", "pytest", SUITE, "-q"]
+    suite = [jobs.PYTHON, "-m", "pytest", *files, "-q"]
     argv = [*launcher, "--np", str(ranks), "--", *suite, "-p", "no:cacheprovider"]
     job = jobs.run(argv, 900, env={**cluster.env(), "HVD_TRAIN_TEST_OUT": str(out)})
     reports = parallel_report.read(out)
     controller = "gloo" if "gloo" in name else "mpi"
     launch = parallel_report.Launch(ranks, controller, "modern")
-    found = parallel_report.problems(reports, launch, EQUIVALENCE_SKIPS)
+    skips = {
+        test: condition
+        for test, condition in parallel_report.EXPECTED_SKIPS.items()
+        if test.split("::")[0] in files
+    }
+    found = parallel_report.problems(reports, launch, skips)
     assert job.returncode == 0 and not found, "\n".join([*found, job.tail()])
     print(f"{name}: {parallel_report.summary(reports)} per rank in {job.seconds:.0f} s")
 
