@@ -34,8 +34,9 @@ its own state and run loop on `horovod.common.elastic`'s machinery:
   process now).
 - An epoch interrupted by a reset is finished by a `fit` of its remaining steps, then the later
   epochs by another `fit`; that epoch's training metrics cover its steps after the reset only. When
-  less than one global batch of the epoch is left at the new size, the epoch ends at the reset,
-  without validation or checkpoint.
+  less than one global batch of the epoch is left at the new size, the epoch ends at the reset
+  (`_end_epoch`): its validation, commit, record and checkpoint come as at any epoch's end, its
+  record without training metrics (no step of it followed the reset).
 
 Files: rank 0 of the moment writes checkpoints and metrics as `hvd_train.training.fit` does, and
 `elastic.jsonl`: a "start" line after every (re)start (size, progress, batch, steps per epoch,
@@ -260,6 +261,22 @@ def _writers(job: _Job, size: int, steps: int) -> list[keras.callbacks.Callback]
     return file_writers(job.config, job.run_dir, size, steps, best)
 
 
+def _end_epoch(model: Any, callbacks: list[Any], val_ds: Any, epoch: int) -> dict[str, Any]:
+    """The end of `epoch` (0-based) after a reset that left none of its steps: the validation
+    (every rank; the collective `evaluate`), then the epoch-end hooks of `callbacks` as a fit()
+    would run them (the commit, rank 0's writers, the host check). Returns the epoch's record:
+    validation metrics only."""
+    from hvd_train.training.evaluation import evaluate
+
+    logs = {f"val_{name}": value for name, value in evaluate(model, val_ds).items()}
+    hooks = keras.callbacks.CallbackList(callbacks, model=model, epochs=epoch + 1, steps=0)
+    hooks.on_train_begin()
+    hooks.on_epoch_begin(epoch)
+    hooks.on_epoch_end(epoch, logs)
+    hooks.on_train_end()
+    return {name: float(value) for name, value in logs.items()}
+
+
 def _train(state: TrainingState, job: _Job) -> Result:
     """One stretch of training at a fixed worker count: from the synced state to the end, or to
     the next reset (an exception)."""
@@ -327,7 +344,7 @@ def _train(state: TrainingState, job: _Job) -> Result:
         left = data.remaining_steps(steps, per_rank_batch, size, position)
         if left == 0:
             log.info("elastic: epoch %d ends at the reset (< 1 global batch left)", epoch + 1)
-            state.progress = Progress(epoch + 1, 0)
+            job.history.append(_end_epoch(model, callbacks, val_ds, epoch))
             continue
         dataset, _ = data.train_dataset(
             job.source,

@@ -7,6 +7,7 @@ names what it writes in `destination`."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import time
@@ -140,7 +141,10 @@ class JsonMetrics(keras.callbacks.Callback):
 
 
 class CsvMetrics(keras.callbacks.CSVLogger):
-    """Keras's CSVLogger, appending to `path` (one row per epoch)."""
+    """Keras's CSVLogger, appending to `path` (one row per epoch). Appended rows keep the columns
+    of the file's header ("NA" where an epoch has no value), and a new file's header names each
+    validation metric's training twin too: an epoch whose record is validation only (one ended
+    at an elastic reset) neither shifts nor drops columns."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(str(path), append=True)
@@ -148,7 +152,22 @@ class CsvMetrics(keras.callbacks.CSVLogger):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         inject.fail_point("metrics.csv", self.destination)
+        if self.keys is None:
+            self.keys = _csv_columns(self.destination, logs or {})
         super().on_epoch_end(epoch, logs)
+
+
+def _csv_columns(path: Path, logs: dict[str, Any]) -> list[str] | None:
+    """The metric columns of `path`'s header; for a new file, those of `logs` with the training
+    twin of each validation metric, or None (Keras's own rule) where `logs` has no validation."""
+    if path.is_file():
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), None)
+        if header:
+            return [name for name in header if name != "epoch"]
+    if not any(name.startswith("val_") for name in logs):
+        return None
+    return sorted(set(logs) | {name.removeprefix("val_") for name in logs})
 
 
 class TensorBoardLogs(keras.callbacks.TensorBoard):

@@ -1,16 +1,22 @@
 """Elastic training's pure pieces, in one process: data positions across a change of the worker
 count, the learning rate's place in the schedule, and the state's commit and restore."""
 
+import csv
+import json
+import time
+
 import keras
 import numpy as np
 import pytest
 
-from hvd_train import data
+from hvd_train import comm, data
+from hvd_train.core import checkpoint as ckpt
+from hvd_train.core import config as config_lib
 from hvd_train.core import scaling
 from hvd_train.keras import compat
 from hvd_train.keras.schedules import scaled_warmup_schedule
 from hvd_train.keras.state import weights_digest
-from hvd_train.training import elastic
+from hvd_train.training import elastic, setup, writers
 
 
 def _ids_of_steps(source, batch, size, epoch, steps, start_position=0):
@@ -130,3 +136,68 @@ def test_state_restores_the_last_commit():
         compat.optimizer_variables(model.optimizer)
     )
     assert weights_digest(model.variables) == weights_digest(model.variables)
+
+
+def test_an_epoch_whose_steps_all_came_before_a_reset_still_ends(tmp_path):
+    """A reset after the epoch's last commit, at a size that leaves less than one global batch of
+    it (more workers: shorter epochs in positions), still gives the epoch its end: validation,
+    commit, metrics record, CSV row and checkpoint (the cluster's grow test once lost an epoch)."""
+    comm.init()
+    config = config_lib.load(
+        "configs/digits.yaml", ["train.epochs=3", f"run_dir={tmp_path}"], log_notes=False
+    )
+    source = data.load(config.data)
+    model = setup.build_model(config, source.input_shape, source.num_classes)
+    batch, global_batch = config_lib.resolved_batch_sizes(config, 1)
+    steps = elastic._steps_per_epoch(source, config, batch, 0, 1)
+    schedule = elastic._schedule(config, global_batch, steps, elastic.Progress(), 0)
+    setup.compile_distributed(model, config, schedule)
+    state = elastic.TrainingState(model)
+    # Epoch 2's steps were all trained and committed before the reset; its end was not reached.
+    state.progress = elastic.Progress(epoch=1, position=steps * global_batch)
+    job = elastic._Job(config, tmp_path, source, model, history=[], started=time.monotonic())
+
+    result = elastic._train(state, job)
+
+    records = json.loads((tmp_path / "metrics.json").read_text())
+    assert [r["epoch"] for r in records] == [2, 3]
+    assert {"val_loss", "val_accuracy"} <= set(records[0]) and "loss" not in records[0]
+    assert {"loss", "val_loss"} <= set(records[1])
+    assert [sorted(r) for r in result.history] == [
+        ["val_accuracy", "val_loss"],
+        ["accuracy", "loss", "val_accuracy", "val_loss"],
+    ]
+    with (tmp_path / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["1", "2"]  # Keras's 0-based epochs
+    assert rows[0]["loss"] == "NA" and float(rows[0]["val_loss"]) == pytest.approx(
+        records[0]["val_loss"]
+    )
+    assert float(rows[1]["loss"]) == pytest.approx(records[1]["loss"])
+    on_disk = [p.name for p in ckpt.epochs_on_disk(tmp_path / "checkpoints")]
+    assert on_disk == ["epoch-0002", "epoch-0003"]
+    events = [json.loads(line) for line in (tmp_path / elastic.EVENTS).read_text().splitlines()]
+    ends = [(e["epoch"], e["position"]) for e in events if e["event"] == "commit"]
+    assert ends[0] == (2, 0)  # committed at the epoch's end, before any step of epoch 3
+    assert int(model.optimizer.iterations.numpy()) == steps  # epoch 3 alone was trained
+
+
+def test_csv_rows_follow_the_header_of_the_file_they_append_to(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,accuracy,loss,val_accuracy,val_loss\n0,0.5,1.0,0.4,1.1\n")
+    writer = writers.CsvMetrics(path)
+    writer.on_train_begin()
+    writer.on_epoch_end(1, {"val_loss": 0.9, "val_accuracy": 0.6})
+    writer.on_train_end()
+    rows = list(csv.DictReader(path.open(newline="")))
+    assert rows[1] == {
+        "epoch": "1", "accuracy": "NA", "loss": "NA", "val_accuracy": "0.6", "val_loss": "0.9"
+    }
+    # Keras's own rule would name the columns of the first row it writes: shifted against the
+    # header above. A new file's header has each validation metric's training twin.
+    new = tmp_path / "new.csv"
+    writer = writers.CsvMetrics(new)
+    writer.on_train_begin()
+    writer.on_epoch_end(0, {"val_loss": 0.9})
+    writer.on_train_end()
+    assert new.read_text().splitlines()[0] == "epoch,loss,val_loss"
