@@ -3,7 +3,11 @@ count, the learning rate's place in the schedule, and the state's commit and res
 
 import csv
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -141,8 +145,26 @@ def test_state_restores_the_last_commit():
 def test_an_epoch_whose_steps_all_came_before_a_reset_still_ends(tmp_path):
     """A reset after the epoch's last commit, at a size that leaves less than one global batch of
     it (more workers: shorter epochs in positions), still gives the epoch its end: validation,
-    commit, metrics record, CSV row and checkpoint (the cluster's grow test once lost an epoch)."""
+    commit, metrics record, CSV row and checkpoint (the cluster's grow test once lost an epoch).
+
+    In a fresh process: Horovod starts before TensorFlow's first op, which this one has run."""
+    code = f"import test_elastic_state as t; t.end_of_an_epoch_left_empty({str(tmp_path)!r})"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    job = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert job.returncode == 0, job.stderr[-4000:]
+
+
+def end_of_an_epoch_left_empty(run_dir: str) -> None:
+    """The test above, in its own process: one rank, one elastic stretch from the reset."""
     comm.init()
+    tmp_path = Path(run_dir)
     config = config_lib.load(
         "configs/digits.yaml", ["train.epochs=3", f"run_dir={tmp_path}"], log_notes=False
     )
@@ -175,7 +197,7 @@ def test_an_epoch_whose_steps_all_came_before_a_reset_still_ends(tmp_path):
     )
     assert float(rows[1]["loss"]) == pytest.approx(records[1]["loss"])
     on_disk = [p.name for p in ckpt.epochs_on_disk(tmp_path / "checkpoints")]
-    assert on_disk == ["epoch-0002", "epoch-0003"]
+    assert on_disk == ["epoch-0001", "epoch-0002"]  # 0-based, as every checkpoint
     events = [json.loads(line) for line in (tmp_path / elastic.EVENTS).read_text().splitlines()]
     ends = [(e["epoch"], e["position"]) for e in events if e["event"] == "commit"]
     assert ends[0] == (2, 0)  # committed at the epoch's end, before any step of epoch 3
@@ -191,7 +213,11 @@ def test_csv_rows_follow_the_header_of_the_file_they_append_to(tmp_path):
     writer.on_train_end()
     rows = list(csv.DictReader(path.open(newline="")))
     assert rows[1] == {
-        "epoch": "1", "accuracy": "NA", "loss": "NA", "val_accuracy": "0.6", "val_loss": "0.9"
+        "epoch": "1",
+        "accuracy": "NA",
+        "loss": "NA",
+        "val_accuracy": "0.6",
+        "val_loss": "0.9",
     }
     # Keras's own rule would name the columns of the first row it writes: shifted against the
     # header above. A new file's header has each validation metric's training twin.
