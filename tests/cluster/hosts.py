@@ -90,6 +90,13 @@ def unusable() -> str | None:
     if probe.returncode != 0:
         return f"the cluster tier needs CAP_NET_ADMIN: {probe.stderr.strip()}"
     subprocess.run(["ip", "link", "del", "hvdc-probe"], check=True)
+    # The first `ip netns add` since boot mounts /run/netns, and the mount stays: made here,
+    # before the machine's state is taken, so that the first cluster on a fresh machine leaves
+    # the machine as it found it (its teardown check failed on that mount alone).
+    probe = subprocess.run(["ip", "netns", "add", "hvdc-probe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"the cluster tier needs network namespaces: {probe.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", "hvdc-probe"], check=True)
     return None
 
 
