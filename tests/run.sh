@@ -66,7 +66,8 @@ cluster_stage tests/cluster-jobs tests/cluster/test_jobs_across_hosts.py
 cluster_stage tests/cluster-slurm tests/cluster/test_slurm.py
 cluster_stage tests/cluster-faults tests/cluster/test_faults_hosts.py
 cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
-cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py
+cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py \
+  tests/cluster/test_model_groups_hosts.py
 # The network benchmark's quick mode brings up its own 2-host cluster, so it needs the sshd above.
 cluster_stage tests/network-bench tests/integration/test_network_bench.py
 # The image built and run (podman, buildah, runc; a base image from Debian's packages where no

@@ -4,8 +4,11 @@ Everything distributed that the rest of the toolkit needs is asked of this packa
 
 - topology: `init`, `topology()` (rank, size, local and cross rank and size), `rank`, `size`,
   `is_chief`, `controller`, `build_info`, `shutdown`;
-- process sets: `ProcessSet`, `add_process_set`, `remove_process_set`, `process_set_ranks`; every
-  collective takes `process_set=` (None: all ranks);
+- process sets: `ProcessSet`, `add_process_set`, `remove_process_set`, `process_set_ranks`,
+  `process_set_of` (the job's one set of given ranks, shared by its users); every collective takes
+  `process_set=` (None: all ranks);
+- model groups (`comm.groups`): `model_groups()`, this rank's group of G consecutive ranks for model
+  parallelism inside it and its replicas in the other groups (`init(model_group_size=G)`);
 - collectives: `allreduce`, `grouped_allreduce`, `allreduce_groups` (an ordered list of groups,
   for buckets; `reduction="two_level"` reduces within each host, then across hosts, then
   within each host again, and `resolve_reduction` picks flat or two-level for the job:
@@ -24,6 +27,7 @@ from hvd_train.comm.collectives import (
     Max,
     Min,
     ProcessSet,
+    ProcessSetUnavailable,
     Sum,
     add_process_set,
     allgather,
@@ -40,9 +44,11 @@ from hvd_train.comm.collectives import (
     grouped_allreduce,
     grouped_reducescatter,
     join,
+    process_set_of,
     process_set_ranks,
     remove_process_set,
 )
+from hvd_train.comm.groups import ModelGroups, model_groups
 from hvd_train.comm.reduction import REDUCTIONS, resolve_reduction
 from hvd_train.comm.runtime import (
     Topology,
@@ -70,7 +76,9 @@ __all__ = [
     "Compression",
     "Max",
     "Min",
+    "ModelGroups",
     "ProcessSet",
+    "ProcessSetUnavailable",
     "Sum",
     "Topology",
     "add_process_set",
@@ -98,7 +106,9 @@ __all__ = [
     "join",
     "local_rank",
     "local_size",
+    "model_groups",
     "mpi_threads_supported",
+    "process_set_of",
     "process_set_ranks",
     "rank",
     "remove_process_set",

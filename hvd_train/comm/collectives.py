@@ -7,6 +7,7 @@ across ranks; the toolkit's own start with "hvd_train.".
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ Max = backend.Max
 Compression = backend.Compression
 ProcessSet = backend.ProcessSet
 global_process_set = backend.global_process_set
+# Horovod reads it at start: process sets may be added after it (`add_process_set`).
+DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
 
 
 def add_process_set(ranks: Sequence[int]) -> Any:
@@ -32,6 +35,47 @@ def add_process_set(ranks: Sequence[int]) -> Any:
 def remove_process_set(process_set: Any) -> bool:
     """Unregister a process set made by `add_process_set` (collective over all ranks)."""
     return backend.remove_process_set(process_set)
+
+
+class ProcessSetUnavailable(RuntimeError):
+    """A process set that was not registered at start and cannot be added after it."""
+
+
+# The process sets known by their ranks: registered at start (`remember_process_sets`) or added
+# later; each rank list has one, which two-level reduction and model groups share.
+_known_sets: dict[tuple[int, ...], Any] = {}
+
+
+def remember_process_sets(process_sets: Iterable[Any]) -> None:
+    """Note the process sets registered at Horovod's start, by their ranks."""
+    for process_set in process_sets:
+        _known_sets[tuple(process_set_ranks(process_set))] = process_set
+
+
+def forget_process_sets() -> None:
+    """Drop the known process sets (Horovod stopped)."""
+    _known_sets.clear()
+
+
+def process_set_of(ranks: Sequence[int]) -> Any:
+    """The process set of exactly these ranks (None: all ranks): the one registered at start or
+    added before, else one added now (a collective over all ranks: every rank asks for the same
+    sets in the same order).
+
+    Raises:
+      ProcessSetUnavailable: a new set, and Horovod started without dynamic process sets.
+    """
+    key = tuple(sorted(int(r) for r in ranks))
+    if len(key) == backend.size():
+        return None
+    if key not in _known_sets:
+        if os.environ.get(DYNAMIC_ENV) != "1":
+            raise ProcessSetUnavailable(
+                f"no process set of ranks {list(key)} was registered at start, and Horovod "
+                f"started without {DYNAMIC_ENV}=1"
+            )
+        _known_sets[key] = backend.add_process_set(list(key))
+    return _known_sets[key]
 
 
 def process_set_ranks(process_set: Any = None) -> list[int]:

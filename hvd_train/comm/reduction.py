@@ -31,7 +31,7 @@ from hvd_train.core.config import REDUCTIONS
 
 # Overrides optimizer.reduction (docs/knobs.md).
 REDUCTION_ENV = "HVD_TRAIN_REDUCTION"
-DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
+DYNAMIC_ENV = collectives.DYNAMIC_ENV
 _SCALES = ("compression", "prescale_factor", "postscale_factor")
 
 
@@ -197,20 +197,13 @@ def check_local_groups(local_groups: Sequence[Sequence[int]], size: int) -> list
     return groups
 
 
-_sets: dict[tuple[int, ...], Any] = {}
-
-
 def _set(ranks: Sequence[int], size: int) -> Any:
     """The process set of these ranks: None for all ranks (the global set), "self" for one rank
-    (nothing to exchange), else the one added for them (added now: a collective of all ranks)."""
-    key = tuple(ranks)
-    if len(key) == size:
-        return None
-    if len(key) == 1:
+    (nothing to exchange), else the job's set of them (added now if new: a collective of all
+    ranks)."""
+    if len(ranks) == 1 and size > 1:
         return "self"
-    if key not in _sets:
-        _sets[key] = collectives.add_process_set(list(key))
-    return _sets[key]
+    return collectives.process_set_of(ranks)
 
 
 def _sets_for(local_groups: Sequence[Sequence[int]]) -> tuple[Any, Any, int]:
@@ -231,7 +224,7 @@ def forget() -> None:
     """Drop the remembered hosts and process sets (Horovod restarted: elastic reset)."""
     global _hosts, _hosts_known
     _hosts, _hosts_known = None, False
-    _sets.clear()
+    collectives.forget_process_sets()
 
 
 def _scaled(x: tf.Tensor, factor: float) -> tf.Tensor:

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.comm import collectives, reduction
+from hvd_train.comm import collectives, groups, reduction
 from hvd_train.comm import horovod as backend
 from hvd_train.core import environment, network, placement
 
@@ -51,6 +51,7 @@ def init(
     pin_gpu: bool = True,
     step_ms: float | None = None,
     process_sets: Sequence[Any] | None = None,
+    model_group_size: int | None = None,
 ) -> None:
     """Start Horovod and place this rank: one GPU per local rank, a fair share of the CPU threads.
 
@@ -73,6 +74,7 @@ def init(
     Raises:
       RuntimeError: TensorFlow's runtime started before `init` (the placement cannot apply).
       LauncherEnvironmentError: a launcher or tuning variable that cannot be used.
+      ValueError: `model_group_size` does not divide the launcher's ranks.
     """
     global _compute_threads
     if backend.is_started() and _compute_threads is not None:
@@ -100,9 +102,20 @@ def init(
         # Across hosts: two-level reduction adds its process sets after the start, once Horovod
         # knows which ranks share a host.
         os.environ[reduction.DYNAMIC_ENV] = "1"
+    process_sets = list(process_sets or [])
+    if model_group_size is not None:
+        # Model groups' sets are registered with the others: every rank passes the same list.
+        ranks = launcher.size or 1
+        process_sets += [
+            collectives.ProcessSet(s) for s in groups.sets_to_register(ranks, model_group_size)
+        ]
     backend.start(process_sets)
+    collectives.remember_process_sets(process_sets)
+    groups.set_job_group_size(model_group_size)
     local = topology()
     _check_world_size(launcher.size, local.size)
+    if model_group_size is not None:
+        groups.layout(local.size, model_group_size)  # a launcher that did not say its size
     physical = tf.config.list_physical_devices("GPU")
     if physical and pin_gpu:
         # One GPU per local rank: otherwise every rank allocates memory on GPU 0.

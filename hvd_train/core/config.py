@@ -291,13 +291,28 @@ class ElasticConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How the ranks split the model (`hvd_train.comm.groups`).
+
+    Attributes:
+      model_group_size: G ranks per model group, or null (one group of all ranks). A model's
+        `ShardedEmbedding` splits its table by rows over the G consecutive ranks of each group
+        (ranks 0..G-1, G..2G-1, ...; a host's slots, where it holds G or a multiple of G), and the
+        groups train data parallel, each holding the table once. Must divide the worker count;
+        the modern stack, a model with a ShardedEmbedding, not with `--elastic`.
+    """
+
+    model_group_size: int | None = None
+
+
+@dataclass
 class Config:
     """One experiment.
 
     Attributes:
       run_dir: where rank 0 writes checkpoints, logs and the resolved config.
       elastic: read by `--elastic` only.
-      data, model, optimizer, train, checkpoint, logging, fault: the sections.
+      data, model, optimizer, train, checkpoint, logging, fault, parallel: the sections.
     """
 
     run_dir: str = "runs/digits"
@@ -309,6 +324,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 # The top-level keys that hold a section (a dataclass), in declaration order.
@@ -514,6 +530,13 @@ def validate(config: Config, size: int | None = None) -> None:
 
     _check_min("elastic.commit_every_steps", config.elastic.commit_every_steps, 1)
 
+    group = config.parallel.model_group_size
+    if group is not None:
+        _check_min("parallel.model_group_size", group, 1)
+        if size is not None:
+            rule = f"must divide the worker count ({size}: groups hold as many ranks)"
+            _check(size % group == 0, "parallel.model_group_size", rule, group)
+
 
 def check_elastic(config: Config) -> None:
     """What `--elastic` needs beyond `validate`: a batch that does not depend on the worker count.
@@ -524,8 +547,8 @@ def check_elastic(config: Config) -> None:
     straddle a change of workers).
 
     Raises:
-      ConfigError: train.global_batch_size set, optimizer.backward_passes_per_step > 1, or
-        optimizer.shard_state.
+      ConfigError: train.global_batch_size set, optimizer.backward_passes_per_step > 1,
+        optimizer.shard_state, or parallel.model_group_size set.
     """
     rule = "must be null with --elastic (set train.per_rank_batch_size: the worker count changes)"
     global_batch = config.train.global_batch_size
@@ -535,6 +558,9 @@ def check_elastic(config: Config) -> None:
     _check(passes == 1, "optimizer.backward_passes_per_step", rule, passes)
     rule = "must be false with --elastic (the shards would not follow a change of workers)"
     _check(not config.optimizer.shard_state, "optimizer.shard_state", rule, True)
+    group = config.parallel.model_group_size
+    rule = "must be null with --elastic (the groups would not follow a change of workers)"
+    _check(group is None, "parallel.model_group_size", rule, group)
 
 
 def resolved_batch_sizes(config: Config, size: int) -> tuple[int, int]:

@@ -2,16 +2,21 @@
 
 `ShardedEmbedding(rows, dim)` is a Keras 3 embedding whose table no rank holds whole: row g lives on
 rank g mod N (local row g div N), so Zipf-skewed ids, whose hot rows are the small ones, spread
-over all ranks instead of landing on the first. One lookup in the traced step:
+over all ranks instead of landing on the first. With model groups of G ranks (`comm.groups`), the
+table is split over the G ranks of each group instead (row g on the group's rank g mod G), every
+collective of a lookup stays inside the group, and each group holds the table once: the groups
+are data parallel, and a row's gradient is summed over the ranks holding it in the other groups
+(its replicas, `keras/optimizer.py`). One lookup in the traced step:
 
   ids -> sorted by owner -> alltoall (each owner receives the local rows asked of it)
       -> gather from the local table -> alltoall back (Horovod's registered gradient is the
       alltoall of the upstream gradient the other way) -> unsorted into the ids' order
 
 The dense layers stay data parallel. The table's gradient on its owner sums what every rank's
-batch sent back; the loss of one process on the global batch is the mean of the ranks' losses,
-so the distributed optimizer divides that gradient by N and never allreduces it (a local
-variable, `keras/optimizer.py`). Its optimizer slots are row shards too (marked when created).
+batch (of its group) sent back; the loss of one process on the global batch is the mean of the
+ranks' losses, so the distributed optimizer divides that gradient by N and never allreduces it
+over all ranks (a local variable, `keras/optimizer.py`), only sums it over the row's replicas
+where there are model groups. Its optimizer slots are row shards too (marked when created).
 
 Row shards are per rank by design: the start-of-training broadcast, the weight digests and the
 consistency checks skip them (`is_row_sharded`); a checkpoint holds each whole, in global row
@@ -23,7 +28,7 @@ rows one process holding the whole table would draw.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import keras
@@ -40,12 +45,16 @@ _CHUNK_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class RowShards:
-    """A variable split by rows: `rows` in all, rank `rank` of `shards` holds rows g = rank + k *
-    shards (k = 0, 1, ...), in that order."""
+    """A variable split by rows: `rows` in all, rank `rank` of the `shards` ranks of its model
+    group (`comm.groups`) holds rows g = rank + k * shards (k = 0, 1, ...), in that order.
+    `group`: the group's process set (None: all ranks); `replicas`: the ranks holding the same
+    rows in the other groups (None: none)."""
 
     rows: int
     shards: int
     rank: int
+    group: Any = field(default=None, compare=False)
+    replicas: Any = field(default=None, compare=False)
 
     def count(self, rank: int | None = None) -> int:
         """How many rows rank `rank` (default: this one) holds."""
@@ -118,12 +127,14 @@ class _RowInitializer(keras.initializers.Initializer):
 
 @keras.saving.register_keras_serializable(package="hvd_train")
 class ShardedEmbedding(keras.layers.Layer):
-    """An embedding of `rows` ids into `dim` values whose table is split by rows over all ranks.
+    """An embedding of `rows` ids into `dim` values whose table is split by rows over the ranks of
+    its model group: all ranks, or G consecutive ranks each (`hvd_train.init(model_group_size=G)`),
+    the groups data parallel (each holds the whole table once).
 
     Call it on integer ids of any shape (or floats holding integers, as a packed input carries
     them); returns shape + (dim,). With one worker it is a plain lookup. On every rank alike: the
-    lookup is a collective (two alltoalls per call, also in evaluation and prediction, so every
-    rank must run the same number of batches). Modern stack (Keras 3) only.
+    lookup is a collective of the group (two alltoalls per call, also in evaluation and
+    prediction, so every rank must run the same number of batches). Modern stack (Keras 3) only.
 
     Args:
       rows: the number of ids (the table's rows).
@@ -131,7 +142,9 @@ class ShardedEmbedding(keras.layers.Layer):
       seed: the table's initial values (the same at every worker count).
       scale: initial values are uniform in [-scale, scale] (Keras's Embedding: 0.05).
       shards: 1 holds the whole table on this rank (no collective: a one-process reference);
-        None (default) splits it over all ranks.
+        None (default) splits it over the ranks of this rank's model group.
+      group_size: G ranks per model group (`comm.model_groups`; a divisor of the worker count);
+        None (default): the job's (`hvd_train.init(model_group_size=...)`), else all ranks.
     """
 
     def __init__(
@@ -141,6 +154,7 @@ class ShardedEmbedding(keras.layers.Layer):
         seed: int = 0,
         scale: float = 0.05,
         shards: int | None = None,
+        group_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -152,10 +166,15 @@ class ShardedEmbedding(keras.layers.Layer):
         if shards not in (None, 1):
             raise ValueError(f"shards must be None (all ranks) or 1 (whole here), got {shards!r}")
         self.rows, self.dim, self.seed, self.scale, self.shards = rows, dim, seed, scale, shards
+        self.group_size = group_size
 
     def build(self, input_shape: Any) -> None:
         several = self.shards is None and comm.is_initialized() and comm.size() > 1
-        shards = RowShards(self.rows, comm.size() if several else 1, comm.rank() if several else 0)
+        groups = comm.model_groups(self.group_size) if several else None
+        if groups is None or groups.size == 1:
+            shards = RowShards(self.rows, 1, 0)
+        else:
+            shards = RowShards(self.rows, groups.size, groups.rank, groups.group, groups.replicas)
         self.embeddings = self.add_weight(
             shape=(shards.count(), self.dim),
             initializer=_RowInitializer(self.seed, self.scale, shards),
@@ -168,7 +187,8 @@ class ShardedEmbedding(keras.layers.Layer):
         ids = tf.cast(ids, "int64")
         flat = tf.reshape(ids, [-1])
         table = self.embeddings.value
-        n = row_shards(self.embeddings).shards
+        shards = row_shards(self.embeddings)
+        n, group = shards.shards, shards.group
         if n == 1:
             found = tf.gather(table, flat)
         else:
@@ -177,8 +197,10 @@ class ShardedEmbedding(keras.layers.Layer):
             splits = tf.math.bincount(
                 tf.cast(owner, "int32"), minlength=n, maxlength=n, dtype="int32"
             )
-            asked, asked_splits = comm.alltoall(tf.gather(flat, order) // n, splits)
-            answered, _ = comm.alltoall(tf.gather(table, asked), asked_splits)
+            asked, asked_splits = comm.alltoall(
+                tf.gather(flat, order) // n, splits, process_set=group
+            )
+            answered, _ = comm.alltoall(tf.gather(table, asked), asked_splits, process_set=group)
             found = tf.gather(answered, tf.math.invert_permutation(order))
         found = tf.reshape(found, tf.concat([tf.shape(ids), [self.dim]], axis=0))
         return tf.cast(found, self.compute_dtype)
@@ -190,19 +212,21 @@ class ShardedEmbedding(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(rows=self.rows, dim=self.dim, seed=self.seed, scale=self.scale)
+        config.update(group_size=self.group_size)
         return config
 
 
 def _chunk_rows(variable: Any) -> int:
     """Local rows per rank in one collective of a gather or scatter (>= 1)."""
     row_bytes = math.prod(variable.shape[1:]) * tf.as_dtype(variable.dtype).size
-    return max(1, _CHUNK_BYTES // max(1, row_bytes * comm.size()))
+    return max(1, _CHUNK_BYTES // max(1, row_bytes * row_shards(variable).shards))
 
 
 def gather_rows(variable: Any) -> np.ndarray | None:
     """Collective (every rank): the whole table of a row shard, in global row order, on rank 0
-    (None elsewhere); one allgather per chunk of rows, so rank 0 holds the table once plus one
-    chunk. A variable every rank holds whole is returned as it is (no collective)."""
+    (None elsewhere); one allgather per chunk of rows within each model group, so rank 0 holds
+    the table once plus one chunk. A variable every rank holds whole is returned as it is (no
+    collective)."""
     shards = row_shards(variable)
     value = variable.value if hasattr(variable, "value") else variable
     if shards is None or shards.shards == 1:
@@ -217,7 +241,11 @@ def gather_rows(variable: Any) -> np.ndarray | None:
     # Rank 0 holds the most rows: its count of chunks is every rank's.
     for chunk in range(math.ceil(shards.count(0) / step)):
         first = chunk * step
-        got = comm.allgather(value[first : first + step], name=f"hvd_train.rows.gather.{chunk}")
+        got = comm.allgather(
+            value[first : first + step],
+            name=f"hvd_train.rows.gather.{chunk}",
+            process_set=shards.group,
+        )
         if chief:
             got, offset = np.asarray(got), 0
             for rank in range(n):
@@ -229,7 +257,8 @@ def gather_rows(variable: Any) -> np.ndarray | None:
 
 def scatter_rows(variable: Any, whole: np.ndarray | None) -> None:
     """Collective (every rank): rank 0's whole table (`gather_rows`'s array, global row order) into
-    every rank's row shard at this worker count (one broadcast per chunk of rows). Rank 0 checks
+    every rank's row shard at this worker count and group size (one broadcast to all ranks per
+    chunk of rows). Rank 0 checks
     the shape first (`whole_shape`): the caller has."""
     shards = row_shards(variable)
     if shards is None or shards.shards == 1:

@@ -160,6 +160,12 @@ class _DistributedOptimizer:
         grads = [
             _divided(g, ranks) if i in divided and g is not None else g for i, g in enumerate(grads)
         ]
+        for i in sharded_rows:
+            replicas = embedding.row_shards(variables[i]).replicas
+            if replicas is not None and grads[i] is not None:
+                # Model groups: each group's owner summed its own group's lookups; the other
+                # groups hold the same rows, and their sum is the global batch's.
+                grads[i] = summed_over(grads[i], replicas)
         present = [i for i, g in enumerate(grads) if g is not None and i not in local]
         if not present:
             return grads
@@ -202,6 +208,18 @@ def _divided(grad: Any, ranks: int) -> Any:
         grad = one_slice_per_row(grad)
         return tf.IndexedSlices(grad.values / ranks, grad.indices, grad.dense_shape)
     return tf.convert_to_tensor(grad) / ranks
+
+
+def summed_over(grad: Any, process_set: Any) -> Any:
+    """Collective (the process set's ranks): a gradient summed over the ranks of `process_set`;
+    an embedding's stays sparse (its slices allgathered, one per row after), a dense one is
+    allreduced."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return comm.allreduce(grad, op=comm.Sum, process_set=process_set)
+    grad = one_slice_per_row(grad)
+    values = comm.allgather(grad.values, process_set=process_set)
+    indices = comm.allgather(grad.indices, process_set=process_set)
+    return one_slice_per_row(tf.IndexedSlices(values, indices, grad.dense_shape))
 
 
 def one_slice_per_row(grad: Any) -> Any:

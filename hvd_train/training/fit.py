@@ -68,7 +68,7 @@ def train_and_evaluate(
     stop = faults.StopRequest(config.fault.stop_signals)
     watchdog = None
     try:
-        comm.init(step_ms=config.train.step_ms)
+        comm.init(step_ms=config.train.step_ms, model_group_size=config.parallel.model_group_size)
         setup.configure_logging(comm.rank())
         # Before any collective that only some settings run (the watchdog's, the data-cache
         # vote): ranks started differently get the error instead of a hang.

@@ -170,8 +170,9 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
     Returns the distributed optimizer.
 
     Raises:
-      ConfigError: "two_level" where this job cannot run it, or optimizer.shard_state on the
-        classic stack or with a table split by rows.
+      ConfigError: "two_level" where this job cannot run it, optimizer.shard_state on the
+        classic stack or with a table split by rows, or parallel.model_group_size for a model
+        without one.
     """
     import keras
 
@@ -187,6 +188,12 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
         raise config_lib.ConfigError(
             f"optimizer.shard_state: model {config.model.name!r} splits a table by rows "
             "(ShardedEmbedding) already; use one or the other"
+        )
+    group = config.parallel.model_group_size
+    if group is not None and not embedding.splits_rows(model):
+        raise config_lib.ConfigError(
+            f"parallel.model_group_size: model {config.model.name!r} has no table to split over "
+            f"a model group (a ShardedEmbedding), got {group}"
         )
     try:
         # Every rank alike: choosing the reduction is a collective unless it is "flat".

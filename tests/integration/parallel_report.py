@@ -93,8 +93,13 @@ EXPECTED_SKIPS: dict[str, Condition] = {
             "test_each_rank_holds_its_rows_and_its_slots_only",
             "test_a_gathered_table_is_put_back_row_for_row_in_small_chunks",
             "test_an_evaluation_over_all_ranks_equals_one_process_and_unequal_batch_counts_are_refused",
+            "test_model_groups_of_a_size_that_does_not_divide_the_ranks_are_refused",
         )
     },
+    "tests/parallel/test_sharded_embedding.py::"
+    "test_model_groups_split_the_table_inside_each_group_and_train_like_one_process": Condition(
+        "the classic stack or np == 1", lambda launch: CLASSIC.holds(launch) or launch.size == 1
+    ),
     **{
         "tests/parallel/test_sharded_embedding.py::"
         f"test_what_cannot_hold_a_split_table_is_refused[{setting}]": Condition(

@@ -161,3 +161,44 @@ def test_shard_state_with_a_split_table_is_refused(tmp_path):
     args = [*TRAIN, "--set", "optimizer.shard_state=true", "--set", f"run_dir={tmp_path}/r"]
     expected = "optimizer.shard_state: model 'dlrm' splits a table by rows (ShardedEmbedding)"
     assert_one_error(hvd_train(args, tf_allowed=True), expected)
+
+
+def test_model_groups_of_two_at_four_workers_equal_the_table_split_over_two(runs, tmp_path):
+    """parallel.model_group_size=2 at 4 workers: two groups, each holding the table split over
+    its 2 ranks, data parallel across the groups; after the same 10 steps on the same global
+    batches the checkpoint (the table gathered in group 0, its Adam slots) equals the 2-worker
+    run's, whose one group is both ranks."""
+    train(4, tmp_path / "groups", "--set", "parallel.model_group_size=2")
+    ours, theirs = saved(tmp_path / "groups", 1), saved(runs / "straight", 1)
+    pairs = list(zip(ours.model + ours.optimizer, theirs.model + theirs.optimizer, strict=True))
+    for a, b in pairs:
+        if a.ndim:
+            np.testing.assert_allclose(a, b, atol=ATOL)
+    assert ours.meta["config"]["parallel"]["model_group_size"] == 2
+    # The control: 10 steps moved the table far beyond the tolerance from where it started.
+    start = embedding._RowInitializer(0, 0.05, embedding.RowShards(ROWS, 1, 0))((ROWS, DIM))
+    assert float(np.abs(table_of(ours) - np.asarray(start)).max()) > 100 * ATOL
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            ["--set", "parallel.model_group_size=3"],
+            "parallel.model_group_size: must divide the worker count (1: groups hold as many "
+            "ranks), got 3",
+        ),
+        (
+            [
+                *("--config", str(REPO / "configs" / "digits.yaml")),
+                *("--set", "train.epochs=3", "--set", "parallel.model_group_size=1"),
+            ],
+            "parallel.model_group_size: model 'cnn' has no table to split over a model group",
+        ),
+    ],
+    ids=["not-a-divisor", "no-table"],
+)
+def test_model_groups_that_cannot_be_made_are_refused(tmp_path, extra, expected):
+    args = [*(TRAIN if "--config" not in extra else ["train"]), *extra]
+    args += ["--set", f"run_dir={tmp_path}/r"]
+    assert_one_error(hvd_train(args, tf_allowed=True), expected)

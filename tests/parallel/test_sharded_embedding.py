@@ -17,6 +17,7 @@ from util import max_abs_diff, rank_seed
 import hvd_train
 from hvd_train import comm
 from hvd_train.keras import compat, embedding
+from hvd_train.keras import optimizer as optimizer_lib
 from hvd_train.keras.state import weights_digest
 
 pytestmark = pytest.mark.skipif(compat.CLASSIC, reason="ShardedEmbedding: the modern stack only")
@@ -50,9 +51,11 @@ class _GradientTimes(keras.layers.Layer):
         return x * self.times - tf.stop_gradient(x) * (self.times - 1)
 
 
-def click_model(dense_seed, shards=None, table_gradient_times=1):
+def click_model(dense_seed, shards=None, table_gradient_times=1, group_size=None):
     packed = keras.Input((DENSE + FIELDS,))
-    table = embedding.ShardedEmbedding(ROWS, DIM, seed=7, shards=shards, name="table")
+    table = embedding.ShardedEmbedding(
+        ROWS, DIM, seed=7, shards=shards, group_size=group_size, name="table"
+    )
     found = table(packed[:, DENSE:])
     if table_gradient_times != 1:
         found = _GradientTimes(table_gradient_times)(found)
@@ -84,15 +87,16 @@ def fit(model, optimizer, x, y, batch, callbacks=()):
     return model
 
 
-def distributed_and_reference(make_optimizer, table_gradient_times=1):
-    """The distributed model (rank r reads block u*N + r in step u) and the one-process model on
-    the global batch of each step (the blocks of step u in rank order)."""
+def distributed_and_reference(make_optimizer, table_gradient_times=1, group_size=None):
+    """The distributed model (rank r reads block u*N + r in step u; its table split over model
+    groups of `group_size` ranks, None: all) and the one-process model on the global batch of
+    each step (the blocks of step u in rank order)."""
     n, r = comm.size(), comm.rank()
     x, y = clicks(PER_RANK * n * STEPS)
     mine = np.concatenate([np.arange(PER_RANK) + PER_RANK * (u * n + r) for u in range(STEPS)])
     # Rank 0's dense seed is the reference's; the others' differ until the broadcast.
     dense_seed = 11 if r == 0 else 11 + 100 * rank_seed()
-    model = click_model(dense_seed)
+    model = click_model(dense_seed, group_size=group_size)
     fit(
         model,
         hvd_train.DistributedOptimizer(make_optimizer()),
@@ -212,3 +216,42 @@ def test_an_evaluation_over_all_ranks_equals_one_process_and_unequal_batch_count
         x, y = clicks(16 * n + 1, seed=2)
         with pytest.raises(ValueError, match="same number of batches"):
             hvd_train.evaluate(model, x, y, batch_size=16)
+
+
+def test_model_groups_split_the_table_inside_each_group_and_train_like_one_process(monkeypatch):
+    """Every group size G that divides N (1 <= G < N): the table split over the G ranks of each
+    group, each group holding it once, equals one process; the rows' replicas in the other
+    groups agree. Control: without the sum over the replicas each group's rows learn from its
+    own batches only, and miss."""
+    n, r = comm.size(), comm.rank()
+    sizes = [g for g in range(1, n) if n % g == 0]
+    if not sizes:
+        pytest.skip("one rank: no smaller model group")
+    for g in sizes:
+        model, reference = distributed_and_reference(CASES["adam"], group_size=g)
+        dense, table = compared(model, reference)
+        assert dense < TOL and table < TOL, (g, dense, table)
+        rows = model.get_layer("table").embeddings
+        assert tuple(rows.shape) == (len(range(r % g, ROWS, g)), DIM), g
+        assert embedding.is_row_sharded(rows) == (g > 1)
+        # The same rows in every group, the same values; other rows inside a group.
+        places = comm.allgather_object((r % g, weights_digest([rows])))
+        assert all(d == places[r % g][1] for p, d in places if p == r % g), g
+        assert len({d for _, d in places}) == g, g
+        if g > 1:
+            with monkeypatch.context() as patch:
+                patch.setattr(optimizer_lib, "summed_over", lambda grad, _: grad)
+                alone, _ = distributed_and_reference(CASES["adam"], group_size=g)
+            assert compared(alone, reference)[1] > 20 * TOL, g
+            # Gathered whole (inside each group) and put back (from rank 0 to all) unchanged.
+            before = np.asarray(rows)
+            whole = embedding.gather_rows(rows)
+            rows.assign(np.zeros_like(before))
+            embedding.scatter_rows(rows, whole)
+            assert np.array_equal(np.asarray(rows), before), g
+
+
+def test_model_groups_of_a_size_that_does_not_divide_the_ranks_are_refused():
+    n = comm.size()
+    with pytest.raises(ValueError, match=f"model_group_size {n + 1} does not divide"):
+        comm.model_groups(n + 1)

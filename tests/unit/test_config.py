@@ -140,6 +140,7 @@ def test_sections_are_the_dataclass_fields():
         "logging",
         "fault",
         "elastic",
+        "parallel",
     )
 
 
@@ -625,4 +626,25 @@ def test_elastic_section_and_what_elastic_training_needs():
     sharded = config.load(None, ["optimizer.shard_state=true"])
     assert error_of(config.check_elastic, sharded).startswith(
         "optimizer.shard_state: must be false with --elastic"
+    )
+    grouped = config.load(None, ["parallel.model_group_size=2"])
+    assert error_of(config.check_elastic, grouped).startswith(
+        "parallel.model_group_size: must be null with --elastic"
+    )
+
+
+def test_model_group_size_is_null_or_a_divisor_of_the_workers():
+    assert Config().parallel.model_group_size is None
+    grouped = config.load(None, ["parallel.model_group_size=2"])
+    config.validate(grouped)  # size unknown: fine
+    config.validate(grouped, size=4)
+    assert error_of(config.validate, grouped, 3) == (
+        "parallel.model_group_size: must divide the worker count (3: groups hold as many "
+        "ranks), got 2"
+    )
+    assert error_of(config.load, None, ["parallel.model_group_size=0"]) == (
+        "parallel.model_group_size: must be >= 1, got 0"
+    )
+    assert "parallel.model_group_size" in error_of(
+        config.load, None, ["parallel.model_group_size=two"]
     )
