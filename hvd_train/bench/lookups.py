@@ -17,7 +17,6 @@ interface against that closed form: with groups inside the hosts, none.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train import comm
+from hvd_train.bench import stats
 
 
 def ids_of(rank: int, rows: int, batch: int) -> np.ndarray:
@@ -95,11 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": args.batch,
         **run(group_size, args.rows, args.dim, args.batch, args.warmup, args.iters),
     }
-    comm.shutdown()
-    if here.rank == 0:
-        print("lookups " + json.dumps(result), flush=True)
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1))
+    stats.shutdown_and_report("lookups", result, args.out)
     return 0
 
 

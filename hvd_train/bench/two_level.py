@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_train import comm
+from hvd_train.bench import stats
 
 
 def buffer(mib: float, rank: int) -> np.ndarray:
@@ -80,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "auto": comm.resolve_reduction("auto"),
         "runs": [run(args.mib, r, args.warmup, args.iters) for r in args.reductions],
     }
-    comm.shutdown()
-    if here.rank == 0:
-        print("two_level " + json.dumps(result), flush=True)
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1))
+    stats.shutdown_and_report("two_level", result, args.out)
     return 0
 
 
