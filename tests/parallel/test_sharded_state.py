@@ -221,10 +221,10 @@ def peak_growth(action):
 def test_a_checkpoint_gathers_and_writes_one_variable_at_a_time(tmp_path):
     """Adam on four 2048 x 2048 layers (16 MiB each): the whole state is 12 of them (two slots
     and the weight copy of each). Rank 0 writes each variable as it is gathered, so its peak grows
-    by one variable's few copies (the allgather's output, its array, numpy's 16 MiB write
-    buffer: 48 MiB measured), not by the state; the control gathers it all first and grows by
-    most of it (memory the allocator kept from the first part counts as there before). The
-    file holds what the control gathered."""
+    by at most one variable's few copies (the allgather's output, its array, numpy's 16 MiB write
+    buffer; 0-16 MiB measured after a first checkpoint), not by the state; the control gathers it
+    all first and grows by most of it (memory the allocator kept from the first part counts as
+    there before). The file holds what the control gathered."""
     layers = [keras.layers.Dense(2048, use_bias=False) for _ in range(4)]
     model = keras.Sequential([keras.Input((2048,)), *layers])
     optimizer = hvd_train.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_state=True)
@@ -232,12 +232,17 @@ def test_a_checkpoint_gathers_and_writes_one_variable_at_a_time(tmp_path):
     variable_mib = 2048 * 2048 * 4 / 2**20
     state_mib = 12 * variable_mib
 
-    def streamed():
+    def streamed(name="streamed"):
         stream = sharded.gather_stream(optimizer)
         if comm.is_chief():
-            checkpoint.write(tmp_path / "streamed", 0, [], stream, {})
+            checkpoint.write(tmp_path / name, 0, [], stream, {})
         for _ in stream:  # the other ranks' part of each gather
             pass
+
+    # A first checkpoint, unmeasured: what the first gather allocates once for the job (Horovod's
+    # fusion buffer, TensorFlow's kernels) is not a checkpoint's cost (128 MiB on rank 0 when
+    # measured first, as a test run alone does).
+    streamed("first")
 
     whole = []
 
@@ -252,6 +257,7 @@ def test_a_checkpoint_gathers_and_writes_one_variable_at_a_time(tmp_path):
     print(f"rank {comm.rank()}: peak grew {grew}")
     assert grew_streamed < 4 * variable_mib
     if comm.is_chief():
-        assert grew_whole > 0.75 * state_mib  # the control: the measurement sees a whole state
+        # The control: the measurement sees most of a whole state (144-176 MiB measured).
+        assert grew_whole > 0.5 * state_mib
         saved = checkpoint.load(tmp_path / "streamed" / "epoch-0000").optimizer
         assert [a.tobytes() for a in saved] == [a.tobytes() for a in whole[0]]
