@@ -55,6 +55,9 @@ def test_large_batch_optimizer_equals_one_process_with_global_batch(case):
 
     assert spread == 0.0, f"ranks disagree by {spread}"
     assert max_abs_diff(expected, initial) > 1e-2, "the reference barely moved: the check is blunt"
-    assert max_abs_diff(got, expected) < TOL
+    # LAMB's and LARS's trust ratio (a ratio of norms per layer) scales the rounding of the
+    # averaged gradient: LAMB on Keras 2 missed by 1.14e-6 on an AMD CPU.
+    tol = 2 * TOL if case.startswith(("lamb", "lars")) else TOL
+    assert max_abs_diff(got, expected) < tol
     if comm.size() > 1:  # negative control: no averaging misses the reference by far
         assert max_abs_diff(local, expected) > 100 * TOL
