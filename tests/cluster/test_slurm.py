@@ -268,12 +268,27 @@ def stop_and_resume(run: dict, stopped_by: str) -> tuple[int, int]:
     return int(epoch), int(step)
 
 
+# The time-limit job's epochs: still training when USR1 comes at 45 s, at 1.3 s an epoch.
+EPOCHS = 50
+
+
+def rerun_bound(run: dict, first: float, epochs: int) -> float:
+    """Seconds the rerun may take: twice the rate of the first start (its `first` seconds, startup
+    included, over the epochs it finished) for the epochs left, and a minute to start. A fixed
+    bound failed CI, whose epochs took 4 s against 1.3 to 3 here."""
+    found = STOPPED.findall(job_output(run))
+    assert found, f"no stop reported before the requeue\n{job_output(run)[-3000:]}"
+    _, step, epoch, _ = found[0]
+    done = int(epoch) - 1 + int(step) / STEPS
+    return 60 + 2 * first / max(done, 1) * (epochs - done)
+
+
 def test_time_limit_signal_stops_checkpoints_requeues_and_resumes(slurm: Cluster):
     """--time=1 with --signal=B:USR1@45: slurmctld checks time limits every 30 s, so USR1 comes
     15 to 45 s into the job, while it still trains (50 epochs: a minute or more); the rerun gets a
     longer limit (it would be signalled again, and go on in a third start)."""
     options = [*NODES, "--time=1", "--signal=B:USR1@45"]
-    args = ["--set", "train.epochs=50", *FEW_EPOCHS, *SMALL_BATCHES]
+    args = ["--set", f"train.epochs={EPOCHS}", *FEW_EPOCHS, *SMALL_BATCHES]
     # GRACE: below the signal's lead of 45 s.
     with submitted(slurm, "time-limit", options, args, GRACE="20") as run:
         info = wait_job(slurm, run, requeued, 120, "the time-limit stop and requeue")
@@ -281,7 +296,8 @@ def test_time_limit_signal_stops_checkpoints_requeues_and_resumes(slurm: Cluster
         command(slurm, "scontrol", "update", f"jobid={run['job']}", "TimeLimit=10")
         info = wait_job(slurm, run, lambda i: i.get("JobState") != "PENDING", 60, "the rerun")
         rerun = time.monotonic()
-        info = wait_job(slurm, run, finished, 240, "the rerun to end")
+        bound = rerun_bound(run, stopped - run["submitted"], EPOCHS)
+        info = wait_job(slurm, run, finished, bound, "the rerun to end")
         failure = logs(slurm, run["output"])
         assert info.get("JobState") == "COMPLETED" and info["ExitCode"] == "0:0", failure
         assert info["Restarts"] == "1", failure
