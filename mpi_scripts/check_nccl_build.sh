@@ -3,7 +3,8 @@
 # Horovod's own sources with CMake exactly as install.sh does with GPU=1 (same settings, through
 # horovod_build.sh), against the NCCL headers and library of the nvidia-nccl-cu<CUDA major> wheel,
 # compiles the translation units with GPU code to object files, links them with the installer's link
-# line, and links a small program calling ncclAllReduce. Runs nothing on a GPU.
+# line (what they call of NCCL and of the venv's TensorFlow must be exported there), and links a
+# small program calling ncclAllReduce. Runs nothing on a GPU.
 # Usage: [VENV=.venv] [NCCL_WHEEL=nvidia-nccl-cu<CUDA major>] [NCCL_VERSION=2.28.9] \
 #        [NCCL_CHECK_DIR=dir] [JOBS=n] [TIMEOUT=1200] mpi_scripts/check_nccl_build.sh
 # Downloads (Horovod's sdist, the NCCL wheel: about 200 MB) are kept in HVD_TRAIN_CACHE/downloads;
@@ -11,7 +12,7 @@
 # "NCCL build path compiles: ..." or "skipped: no nvcc"; otherwise 1, the last line naming the step.
 set -euo pipefail
 if [ $# -gt 0 ]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   [ "$1" = -h ] || [ "$1" = --help ] || exit 2
   exit 0
 fi
@@ -183,7 +184,7 @@ done
 [ ${#failed[@]} = 0 ] || fail "${failed[*]} (logs: $NCCL_CHECK_DIR/logs)"
 
 # --- 5. link: the installer's link line with these objects; a program calling NCCL ---------------
-step link "link against $nccl/lib/libnccl.so.2 and the CUDA runtime (nothing is run on a GPU)"
+step link "link against $nccl/lib/libnccl.so.2, the CUDA runtime and TensorFlow (nothing is run on a GPU)"
 # mpi_lib's link command from CMake, with only the objects built here (the other units and Gloo are
 # left out), as a shared library: their NCCL and CUDA references must all resolve.
 read -ra words <"$link_txt"
@@ -217,6 +218,55 @@ cudart=$(grep -E '^_*cuda' "$NCCL_CHECK_DIR/undefined" | paste -sd' ' || true)
 [ -z "$cudart" ] || fail "CUDA runtime symbols left unresolved: $cudart"
 [ "$wanted" -gt 0 ] || fail "Horovod's objects call no NCCL function: HAVE_NCCL was not compiled in"
 echo "  $(basename "$out"): all $wanted NCCL functions Horovod calls are in libnccl.so.2"
+# What the GPU ops call of TensorFlow must be exported by the GPU build of this TensorFlow (the
+# `tensorflow` wheel that install.sh's GPU=1 installs; tensorflow-cpu lacks its GPU kernels), in the
+# libraries loaded before mpi_lib: TensorFlow 2.21 no longer exports
+# stream_executor::gpu::AsGpuStreamValue, and an unpatched GPU build's mpi_lib failed to load on it.
+tf_version=$("$PY" -c 'import importlib.metadata as m
+for d in ("tensorflow", "tensorflow-cpu"):
+    try:
+        print(m.version(d), d)
+        break
+    except m.PackageNotFoundError:
+        pass')
+[ -n "$tf_version" ] || fail "no TensorFlow in $VENV"
+read -r tf_version tf_dist <<<"$tf_version"
+if [ "$tf_dist" = tensorflow ]; then
+  tf_dir=$("$PY" -c 'import importlib.util as u; print(u.find_spec("tensorflow").submodule_search_locations[0])')
+else
+  # The GPU build's wheel (about 570 MB), downloaded once; its three libraries kept unpacked.
+  tf_dir=$HVD_TRAIN_CACHE/tensorflow-gpu/$tf_version/tensorflow
+  if [ ! -d "$tf_dir" ]; then
+    tf_whls=("$downloads/tensorflow-$tf_version-"*.whl)
+    if [ ! -s "${tf_whls[0]}" ]; then
+      echo "  downloading tensorflow==$tf_version, the GPU build (about 570 MB)"
+      within "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: \
+        --no-cache-dir -d "$downloads" "tensorflow==$tf_version" ||
+        fail "could not download tensorflow==$tf_version"
+      tf_whls=("$downloads/tensorflow-$tf_version-"*.whl)
+    fi
+    tmp=$(mktemp -d "$HVD_TRAIN_CACHE/.tensorflow-gpu.XXXXXX")
+    within "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], sys.argv[3:])' \
+      "${tf_whls[0]}" "$tmp" tensorflow/libtensorflow_framework.so.2 tensorflow/libtensorflow_cc.so.2 \
+      tensorflow/python/_pywrap_tensorflow_internal.so ||
+      fail "could not unpack TensorFlow's libraries from ${tf_whls[0]}"
+    mkdir -p "$(dirname "$tf_dir")"
+    mv -T "$tmp/tensorflow" "$tf_dir"
+    rm -rf "$tmp"
+  fi
+fi
+tf_libs=("$tf_dir"/libtensorflow_framework.so.2 "$tf_dir"/libtensorflow_cc.so.2
+  "$tf_dir"/python/_pywrap_tensorflow_internal.so)
+nm -D --defined-only "${tf_libs[@]}" 2>/dev/null | awk 'NF >= 3 {print $3}' | sed 's/@.*//' |
+  sort -u >"$NCCL_CHECK_DIR/tensorflow.defined"
+[ -s "$NCCL_CHECK_DIR/tensorflow.defined" ] || fail "no symbols read from ${tf_libs[*]}"
+of_tensorflow='(^|[ (<,])(tensorflow|stream_executor|tsl|xla)::'
+tf_called=$(c++filt <"$NCCL_CHECK_DIR/undefined" | grep -cE "$of_tensorflow" || true)
+tf_missing=$(comm -23 "$NCCL_CHECK_DIR/undefined" "$NCCL_CHECK_DIR/tensorflow.defined" | c++filt |
+  grep -E "$of_tensorflow" | paste -sd';' || true)
+[ -z "$tf_missing" ] ||
+  fail "TensorFlow $tf_version's GPU build does not export what Horovod's ops call: $tf_missing"
+echo "  $(basename "$out"): all $tf_called TensorFlow functions it calls are exported by TensorFlow $tf_version's GPU build"
 cat >"$NCCL_CHECK_DIR/nccl_link_test.cc" <<'EOF'
 // Linked against the wheel's NCCL; run only without arguments, which calls ncclGetVersion alone
 // (no GPU needed). "--allreduce" is the path that needs one: it is linked, never run here.

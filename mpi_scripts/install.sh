@@ -39,6 +39,9 @@ HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
 JOBS=${JOBS:-$(nproc)}
 # Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
 BUILD_RECIPE=r3
+# The GPU build's own, bumped alone by a patch that changes only code the CPU build leaves out (r4:
+# the GPU stream handle, patches/horovod-0.28.1-gpu-stream-handle.patch).
+GPU_BUILD_RECIPE=r4
 
 # Progress: numbered steps; with HVD_TRAIN_TIMINGS=file each step's seconds are appended to it
 # ("install/STACK/NAME SECONDS RESULT") for the stage table of tests/run.sh.
@@ -131,8 +134,10 @@ py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[
 xla_fix=$("$PY" -c 'import sys; v = tuple(int(p) for p in sys.argv[1].split(".")[:2])
 print(int(v >= (2, 16)))' "$tf_version")
 # The key's ops name what the library contains: "xla" only where the fix did not leave it out.
-ops=mpi-gloo; [ "$GPU" = 1 ] && ops=$ops-nccl; [ "$xla_fix" = 0 ] && ops=$ops-xla
-key=horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$ops-$BUILD_RECIPE
+ops=mpi-gloo recipe=$BUILD_RECIPE
+[ "$GPU" = 1 ] && ops=$ops-nccl recipe=$GPU_BUILD_RECIPE
+[ "$xla_fix" = 0 ] && ops=$ops-xla
+key=horovod-$HOROVOD_VERSION-tf$tf_version-$py_tag-$ops-$recipe
 wheel_dir=$HVD_TRAIN_CACHE/wheels/$key
 step horovod "Horovod $HOROVOD_VERSION ($key)"
 if [ "$(cat "$VENV/.hvd_train-horovod" 2>/dev/null)" = "$key" ]; then

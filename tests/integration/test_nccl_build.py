@@ -5,6 +5,7 @@ first run downloads the NCCL wheel (about 200 MB) into the hvd_train cache; the 
 two minutes on two cores either way (only the downloads are reused from one run to the next)."""
 
 import glob
+import importlib.metadata
 import os
 import re
 import shutil
@@ -114,3 +115,36 @@ def test_horovods_objects_and_a_program_link_against_the_wheels_nccl(check):
     ).stdout
     assert "libnccl.so.2" in program
     assert "ncclAllReduce" in symbols(build / "nccl_link_test", "-D", "--undefined-only")
+
+
+# What Horovod 0.28.1's GPU ops called for an op's CUDA stream; TensorFlow 2.21 does not export it.
+AS_GPU_STREAM_VALUE = "_ZN15stream_executor3gpu16AsGpuStreamValueEPNS_6StreamE"
+TENSORFLOW_NAMES = re.compile(r"(^|[ (<,])(tensorflow|stream_executor|tsl|xla)::")
+
+
+def test_horovods_gpu_ops_call_only_what_tensorflow_exports(check):
+    _, build, _ = check
+    called = symbols(build / "libhorovod_nccl_check.so", "-D", "--undefined-only")
+    exported = set((build / "tensorflow.defined").read_text().split())
+    demangled = subprocess.run(
+        ["c++filt"], input="\n".join(sorted(called)), capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    pairs = zip(sorted(called), demangled, strict=True)
+    of_tensorflow = {s for s, name in pairs if TENSORFLOW_NAMES.search(name)}
+    assert of_tensorflow, "the GPU ops call nothing of TensorFlow: the check would prove nothing"
+    assert of_tensorflow <= exported, sorted(of_tensorflow - exported)
+    # The call the stream-handle patch replaces: gone from mpi_ops, and where TensorFlow does not
+    # export it (2.21), the check above would have failed on it (mpi_lib did not load).
+    assert AS_GPU_STREAM_VALUE not in symbols(objects(build)["horovod/tensorflow/mpi_ops.cc"])
+    if tensorflow_version().startswith("2.21"):
+        assert AS_GPU_STREAM_VALUE not in exported
+
+
+def tensorflow_version() -> str:
+    """This environment's TensorFlow (the one check_nccl_build.sh was given), CPU or GPU build."""
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ""
