@@ -214,8 +214,6 @@ wanted=$(grep -c '^nccl' "$NCCL_CHECK_DIR/undefined" || true)
 missing=$(grep '^nccl' "$NCCL_CHECK_DIR/undefined" | comm -23 - "$NCCL_CHECK_DIR/nccl.defined" |
   paste -sd' ' || true)
 [ -z "$missing" ] || fail "libnccl.so.2 lacks what Horovod calls: $missing"
-cudart=$(grep -E '^_*cuda' "$NCCL_CHECK_DIR/undefined" | paste -sd' ' || true)
-[ -z "$cudart" ] || fail "CUDA runtime symbols left unresolved: $cudart"
 [ "$wanted" -gt 0 ] || fail "Horovod's objects call no NCCL function: HAVE_NCCL was not compiled in"
 echo "  $(basename "$out"): all $wanted NCCL functions Horovod calls are in libnccl.so.2"
 # What the GPU ops call of TensorFlow must be exported by the GPU build of this TensorFlow (the
@@ -267,6 +265,17 @@ tf_missing=$(comm -23 "$NCCL_CHECK_DIR/undefined" "$NCCL_CHECK_DIR/tensorflow.de
 [ -z "$tf_missing" ] ||
   fail "TensorFlow $tf_version's GPU build does not export what Horovod's ops call: $tf_missing"
 echo "  $(basename "$out"): all $tf_called TensorFlow functions it calls are exported by TensorFlow $tf_version's GPU build"
+# The CUDA runtime: linked statically (cudart_static), unless TensorFlow's GPU build, which mpi_lib
+# links first, exports it (2.21 does: the calls then bind to TensorFlow's own CUDA runtime).
+grep -E '^_*cuda' "$NCCL_CHECK_DIR/undefined" >"$NCCL_CHECK_DIR/cudart.called" || true
+cudart_bound=$(comm -12 "$NCCL_CHECK_DIR/cudart.called" "$NCCL_CHECK_DIR/tensorflow.defined" | wc -l)
+cudart=$(comm -23 "$NCCL_CHECK_DIR/cudart.called" "$NCCL_CHECK_DIR/tensorflow.defined" | paste -sd' ')
+[ -z "$cudart" ] || fail "CUDA runtime symbols left unresolved: $cudart"
+if [ "$cudart_bound" -gt 0 ]; then
+  echo "  the CUDA runtime: $cudart_bound functions bound to TensorFlow's own (its GPU build exports it)"
+else
+  echo "  the CUDA runtime: linked statically"
+fi
 cat >"$NCCL_CHECK_DIR/nccl_link_test.cc" <<'EOF'
 // Linked against the wheel's NCCL; run only without arguments, which calls ncclGetVersion alone
 // (no GPU needed). "--allreduce" is the path that needs one: it is linked, never run here.

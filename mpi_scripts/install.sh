@@ -93,7 +93,7 @@ command -v patch >/dev/null || missing+=(patch)
 "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 # Horovod and mpi4py compile against Python's headers (slim and CUDA base images may lack them).
 "$PYTHON" -c 'import os, sys, sysconfig
-sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null ||
   missing+=(python3-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
