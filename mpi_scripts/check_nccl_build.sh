@@ -72,15 +72,20 @@ wheel=${NCCL_WHEEL:-nvidia-nccl-cu$cuda_major}
 step sources "Horovod $HOROVOD_VERSION source and $wheel==$NCCL_VERSION (cached in $HVD_TRAIN_CACHE)"
 sdist=$(horovod_sdist "$PY" "$HVD_TRAIN_CACHE") || fail "could not download Horovod's sdist"
 downloads=$HVD_TRAIN_CACHE/downloads
-whls=("$downloads/${wheel//-/_}-$NCCL_VERSION-"*.whl)
-if [ ! -s "${whls[0]}" ]; then
-  echo "  downloading $wheel==$NCCL_VERSION (about 200 MB)"
-  within "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: \
-    --no-cache-dir -d "$downloads" "$wheel==$NCCL_VERSION" ||
-    fail "could not download $wheel==$NCCL_VERSION"
-  whls=("$downloads/${wheel//-/_}-$NCCL_VERSION-"*.whl)
-fi
-whl=${whls[0]}
+# cached_wheel DIST VERSION SIZE: prints the path of DIST==VERSION's wheel in $downloads, which it
+# downloads the first time (saying SIZE); status 1 when that fails.
+cached_wheel() {
+  local found=("$downloads/${1//-/_}-$2-"*.whl)
+  if [ ! -s "${found[0]}" ]; then
+    echo "  downloading $1==$2 ($3)" >&2
+    within "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: \
+      --no-cache-dir -d "$downloads" "$1==$2" >&2 || return 1
+    found=("$downloads/${1//-/_}-$2-"*.whl)
+  fi
+  echo "${found[0]}"
+}
+whl=$(cached_wheel "$wheel" "$NCCL_VERSION" "about 200 MB") ||
+  fail "could not download $wheel==$NCCL_VERSION"
 # The wheel unpacked as a site folder (nvidia/nccl/{include,lib}), once, published atomically.
 site=$HVD_TRAIN_CACHE/nccl/$wheel-$NCCL_VERSION
 if [ ! -d "$site/nvidia/nccl" ]; then
@@ -235,19 +240,13 @@ else
   # The GPU build's wheel (about 570 MB), downloaded once; its three libraries kept unpacked.
   tf_dir=$HVD_TRAIN_CACHE/tensorflow-gpu/$tf_version/tensorflow
   if [ ! -d "$tf_dir" ]; then
-    tf_whls=("$downloads/tensorflow-$tf_version-"*.whl)
-    if [ ! -s "${tf_whls[0]}" ]; then
-      echo "  downloading tensorflow==$tf_version, the GPU build (about 570 MB)"
-      within "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: \
-        --no-cache-dir -d "$downloads" "tensorflow==$tf_version" ||
-        fail "could not download tensorflow==$tf_version"
-      tf_whls=("$downloads/tensorflow-$tf_version-"*.whl)
-    fi
+    tf_whl=$(cached_wheel tensorflow "$tf_version" "the GPU build, about 570 MB") ||
+      fail "could not download tensorflow==$tf_version"
     tmp=$(mktemp -d "$HVD_TRAIN_CACHE/.tensorflow-gpu.XXXXXX")
     within "$PY" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], sys.argv[3:])' \
-      "${tf_whls[0]}" "$tmp" tensorflow/libtensorflow_framework.so.2 tensorflow/libtensorflow_cc.so.2 \
+      "$tf_whl" "$tmp" tensorflow/libtensorflow_framework.so.2 tensorflow/libtensorflow_cc.so.2 \
       tensorflow/python/_pywrap_tensorflow_internal.so ||
-      fail "could not unpack TensorFlow's libraries from ${tf_whls[0]}"
+      fail "could not unpack TensorFlow's libraries from $tf_whl"
     mkdir -p "$(dirname "$tf_dir")"
     mv -T "$tmp/tensorflow" "$tf_dir"
     rm -rf "$tmp"
