@@ -12,14 +12,24 @@ The public API for a user's own `model.fit()` code:
 Names resolve on first use, so `import hvd_train` loads neither TensorFlow nor Horovod (the CLI
 checks its arguments before paying for them). Submodules: `hvd_train.callbacks` (Keras callbacks),
 `hvd_train.comm` (topology, process sets and collectives), `hvd_train.data` (sharded input).
+
+Importing it sets one variable that TensorFlow reads as it loads, `TF_ENABLE_ONEDNN_OPTS=1` on x86
+unless already set (docs/knobs.md): import hvd_train before TensorFlow.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import platform
 from typing import TYPE_CHECKING, Any
 
+from hvd_train.core import placement
 from hvd_train.errors import UserError
+
+# Before TensorFlow loads, which reads it once: its oneDNN CPU kernels also where it would leave
+# them off (docs/knobs.md). The launchers forward TF_* to every rank.
+placement.prefer_onednn(os.environ, platform.machine())
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time, resolved on first use
     from hvd_train import callbacks, comm, data

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import re
 import shutil
@@ -113,10 +114,15 @@ def run(out: TextIO) -> int:
         problems.append("mpirun not found: apt-get install openmpi-bin libopenmpi-dev")
     try:
         from hvd_train import comm
+        from hvd_train.comm import runtime
+        from hvd_train.core import placement
         from hvd_train.keras import compat
 
         built = comm.build_info()
         rows.append(("stack", f"{compat.NAME} (Keras {compat.KERAS_MAJOR})"))
+        onednn = {True: "oneDNN", False: "Eigen", None: "unknown"}[runtime.onednn_enabled()]
+        setting = os.environ.get(placement.ONEDNN_ENV, "unset")
+        rows.append(("tensorflow cpu kernels", f"{onednn} ({placement.ONEDNN_ENV}={setting})"))
         rows.append(("horovod controllers", ", ".join(k for k in ("mpi", "gloo") if built[k])))
         rows.append(("horovod gpu ops", "nccl" if built["nccl"] else "none (CPU build)"))
         patches = {

@@ -135,6 +135,13 @@ def init(
             f"(threads could not be set: {err})"
         ) from err
     _compute_threads = threads
+    if local.rank == 0 and not onednn_in_effect():
+        log.warning(
+            "TensorFlow was imported before hvd_train, and its oneDNN CPU kernels are off on "
+            "this CPU (its convolutions' gradients then run several times slower): import "
+            "hvd_train first, or set %s=1 before Python starts",
+            placement.ONEDNN_ENV,
+        )
     global _spare_cpu
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         # A worker joining an elastic job starts alone, with no peer to agree with: the job
@@ -147,6 +154,21 @@ def init(
         _spare_cpu = placement.spare_cpu(
             [mine] if local.size == 1 else collectives.allgather_object(mine)
         )
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow runs its oneDNN CPU kernels; None where it cannot say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # no public accessor
+    except ImportError:
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def onednn_in_effect() -> bool:
+    """False only where the toolkit asked for TensorFlow's oneDNN kernels and TensorFlow, loaded
+    before it asked, runs without them."""
+    return os.environ.get(placement.ONEDNN_ENV) != "1" or onednn_enabled() is not False
 
 
 def _tune_before_start(

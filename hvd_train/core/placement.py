@@ -14,6 +14,23 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
+# TensorFlow turns its oneDNN CPU kernels on by itself only on x86 CPUs with AVX-512 VNNI or BF16,
+# AVX-VNNI or AMX; elsewhere (AVX2 CPUs: AMD EPYC before Zen 4, Intel before Cascade Lake) it runs
+# Eigen's kernels, whose convolution gradients are several times slower on one thread.
+ONEDNN_MACHINES = ("x86_64", "amd64")
+
+
+def prefer_onednn(environ: dict[str, str] | os._Environ, machine: str) -> bool:
+    """Turn on TensorFlow's oneDNN CPU kernels (`TF_ENABLE_ONEDNN_OPTS=1`) on an x86 `machine`
+    unless the variable is set already (the user's choice wins, `0` keeps Eigen's kernels).
+    TensorFlow reads it once, as it loads: this must run before it is imported. Returns whether
+    it set the variable."""
+    if ONEDNN_ENV in environ or machine.lower() not in ONEDNN_MACHINES:
+        return False
+    environ[ONEDNN_ENV] = "1"
+    return True
+
 
 def affinity_cpu_count() -> int:
     """CPUs this process may run on: its affinity mask (a launcher's binding, a cpuset)."""

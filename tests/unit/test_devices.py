@@ -119,3 +119,20 @@ def test_gloo_cycle_time_rejects_non_positive_step():
 )
 def test_spare_cpu_per_host_from_the_ranks_affinity(ranks, expected):
     assert devices.spare_cpu(ranks) is expected
+
+
+@pytest.mark.parametrize(
+    ("environ", "machine", "value"),
+    [
+        ({}, "x86_64", "1"),
+        ({}, "AMD64", "1"),
+        ({"TF_ENABLE_ONEDNN_OPTS": "0"}, "x86_64", "0"),  # the user's choice
+        ({"TF_ENABLE_ONEDNN_OPTS": "1"}, "x86_64", "1"),
+        ({}, "aarch64", None),  # TensorFlow's own choice: its Arm builds decide by themselves
+    ],
+)
+def test_prefer_onednn(environ, machine, value):
+    before = dict(environ)
+    changed = devices.prefer_onednn(environ, machine)
+    assert environ.get("TF_ENABLE_ONEDNN_OPTS") == value
+    assert changed is (environ != before)
