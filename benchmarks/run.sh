@@ -51,7 +51,8 @@ controllers() {
   run hvd-train bench controllers --np "$NP" --repeats 3 --out "$OUT"
 }
 stacks() {
-  # One worker, one thread, plain Keras: the modern stack per worker against the classic one.
+  # One worker, one thread, plain Keras: the modern stack per worker against the classic one,
+  # and TensorFlow's oneDNN CPU kernels against its Eigen ones.
   run "$VENV/bin/python" -m benchmarks.stacks --rounds "$REPEATS" --out "$OUT"
 }
 
