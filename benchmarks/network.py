@@ -528,12 +528,16 @@ def state_dir() -> Path:
     return Path(os.environ.get("STATE", "/run/hvd_train_cluster"))
 
 
-def selftest(python: Path) -> dict:
-    """The selftest's link between h1 and h2: the slower direction's MB/s and the latency."""
+def selftest(python: Path, layout: str) -> dict:
+    """The selftest on the layout's ranks: the link between h1 and h2 (the slower direction's
+    MB/s, the latency) and the rate at which its allreduce moved bytes across each host's link."""
     report = state_dir() / "shared" / "network-selftest.json"  # rank 0 writes it on h1
-    _launch(python, "h1:1,h2:1", 2, ["selftest", "--json", str(report)], 120)
-    link = json.loads(report.read_text())["links"][0]
-    return {k: link[k] for k in ("mb_per_s", "a_to_b_mb_per_s", "b_to_a_mb_per_s", "latency_us")}
+    hosts, np = LAYOUTS[layout]
+    _launch(python, hosts, np, ["selftest", "--json", str(report)], 120)
+    found = json.loads(report.read_text())
+    link = found["links"][0]
+    keys = ("mb_per_s", "a_to_b_mb_per_s", "b_to_a_mb_per_s", "latency_us")
+    return {k: link[k] for k in keys} | {"allreduce_mb_per_s": found["allreduce"]["mb_per_s"]}
 
 
 def _jobs(
@@ -612,11 +616,13 @@ def measure(
         _cluster("down", rate)  # one left by a killed run
         _cluster("up", rate)
         try:
-            link = selftest(STACKS["modern"])
-            print(
-                f"{rate}: link {link['mb_per_s']:.1f} MB/s, {link['latency_us']:.0f} us", flush=True
-            )
             for layout in layouts:
+                link = selftest(STACKS["modern"], layout)
+                print(
+                    f"{rate} {layout}: link {link['mb_per_s']:.1f} MB/s, "
+                    f"{link['latency_us']:.0f} us; allreduce {link['allreduce_mb_per_s']:.1f} MB/s",
+                    flush=True,
+                )
                 result["rows"] += _jobs(rate, link, layout, stacks, model_names, timing, first)
                 if partial is not None:
                     partial.write_text(json.dumps(result, indent=1))
@@ -693,7 +699,10 @@ def analyse(result: dict) -> dict:
         compute = plan.Compute(
             row["forward_ms"] / 1e3, row["backward_ms"] / 1e3, row["ceiling_ms"] / 1e3
         )
-        link = plan.Link(row["link"]["mb_per_s"], row["link"]["latency_us"])
+        measured = row["link"]
+        link = plan.Link(
+            measured["mb_per_s"], measured["latency_us"], measured.get("allreduce_mb_per_s")
+        )
         for name, v in row["variants"].items():
             v["hidden"] = (row["ceiling_ms"] + row["allreduce_ms"] - v["step_ms"]) / row[
                 "allreduce_ms"

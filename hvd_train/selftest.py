@@ -45,6 +45,13 @@ STREAM_BYTES = 64 << 20
 CHUNK_BYTES = 256 << 10
 PAIR_TIMEOUT_S = 10.0
 MB = 1e6  # bandwidth in MB/s (10^6 bytes per second): 1 Gbit/s is 125 MB/s
+# One allreduce across the whole job, timed ALLREDUCE_REPEATS times: the rate the gradients get,
+# which the hosts' CPUs (copies, sums, the TCP stack) can hold below the link's. Its size: what the
+# slowest link carries in ALLREDUCE_SECONDS, within [1 MiB, 32 MiB] (a slow link stays quick).
+ALLREDUCE_MAX_BYTES = 32 << 20
+ALLREDUCE_MIN_BYTES = 1 << 20
+ALLREDUCE_SECONDS = 0.25
+ALLREDUCE_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,40 @@ class Link:
     b_to_a_mb_per_s: float | None = None
     latency_us: float | None = None  # half the median round trip of a one-byte ping-pong
     error: str | None = None
+
+
+@dataclass
+class AllreduceTiming:
+    """One allreduce of `nbytes` on every rank of the job, the median of ALLREDUCE_REPEATS.
+
+    `mb_per_s` is the rate at which it moved bytes across each host's link: a flat ring over the
+    job's ranks carries 2(n-1)/n of the data each way (`plan.cross_host_bytes`); None on one host.
+    """
+
+    nbytes: int
+    seconds: float
+    ranks: int
+    hosts: int
+    mb_per_s: float | None
+
+
+def allreduce_bytes(links: Sequence[Link]) -> int:
+    """The size of the timed allreduce: what the slowest measured link carries in
+    ALLREDUCE_SECONDS, within [ALLREDUCE_MIN_BYTES, ALLREDUCE_MAX_BYTES], whole float32s."""
+    rates = [x.mb_per_s for x in links if x.mb_per_s]
+    if not rates:
+        return ALLREDUCE_MAX_BYTES
+    wanted = int(min(rates) * MB * ALLREDUCE_SECONDS)
+    return max(ALLREDUCE_MIN_BYTES, min(ALLREDUCE_MAX_BYTES, wanted)) // 4 * 4
+
+
+def allreduce_timing(nbytes: int, seconds: float, ranks: int, hosts: int) -> AllreduceTiming:
+    """The timing of one allreduce, and its rate across each host's link."""
+    from hvd_train.bench import plan
+
+    moved = plan.cross_host_bytes(nbytes, hosts, ranks // hosts if hosts else 0)
+    rate = moved / seconds / MB if hosts > 1 and seconds > 0 else None
+    return AllreduceTiming(nbytes, seconds, ranks, hosts, rate)
 
 
 def pair_schedule(hosts: int) -> list[tuple[int, int]]:
@@ -300,8 +341,14 @@ def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
-def table(ranks: Sequence[RankReport], links: Sequence[Link], problems: Sequence[str]) -> str:
-    """The report rank 0 prints: the job, one row per host, one per host pair, the problems."""
+def table(
+    ranks: Sequence[RankReport],
+    links: Sequence[Link],
+    problems: Sequence[str],
+    allreduce: AllreduceTiming | None = None,
+) -> str:
+    """The report rank 0 prints: the job, one row per host, one per host pair, the allreduce, the
+    problems."""
     ranks = sorted(ranks, key=lambda r: r.rank)
     by_host = hosts_of(ranks)
     first = ranks[0]
@@ -346,6 +393,16 @@ def table(ranks: Sequence[RankReport], links: Sequence[Link], problems: Sequence
                 ]
             )
         lines += _columns(rows)
+    if allreduce is not None:
+        across = (
+            f", {allreduce.mb_per_s:.1f} MB/s across each host's link"
+            if allreduce.mb_per_s is not None
+            else ""
+        )
+        lines.append(
+            f"allreduce of {allreduce.nbytes / MB:.1f} MB on {allreduce.ranks} rank(s): "
+            f"{1e3 * allreduce.seconds:.1f} ms{across}"
+        )
     failed = sum(bool(r.collective_errors) for r in ranks)
     lines.append(
         "collectives (allreduce sum and average, allgather, broadcast): "
@@ -357,10 +414,15 @@ def table(ranks: Sequence[RankReport], links: Sequence[Link], problems: Sequence
 
 
 def report_json(
-    ranks: Sequence[RankReport], links: Sequence[Link], problems: Sequence[str], options: Options
+    ranks: Sequence[RankReport],
+    links: Sequence[Link],
+    problems: Sequence[str],
+    options: Options,
+    allreduce: AllreduceTiming | None = None,
 ) -> dict[str, Any]:
     """Everything the table shows, and the options it was checked against, as JSON data."""
     return {
+        "allreduce": asdict(allreduce) if allreduce is not None else None,
         "options": {"max_skew": options.max_skew, "min_bandwidth_mb_per_s": options.min_bandwidth},
         "hosts": list(hosts_of(ranks)),
         "ranks": [asdict(r) for r in sorted(ranks, key=lambda r: r.rank)],
@@ -391,10 +453,13 @@ def run(options: Options) -> int:
     links = [
         x for found in comm.allgather_object(mine, name="hvd_train.selftest.links") for x in found
     ]
+    nbytes = allreduce_bytes(links)  # the same on every rank: the links were gathered
+    seconds = _time_allreduce(comm, nbytes)
+    allreduce = allreduce_timing(nbytes, seconds, len(ranks), len(hosts_of(ranks)))
     code = outcome.EXIT_OK
     if me.rank == 0:
         problems = find_problems(ranks, links, options)
-        sys.stdout.write(table(ranks, links, problems) + "\n")
+        sys.stdout.write(table(ranks, links, problems, allreduce) + "\n")
         sys.stdout.flush()
         code = EXIT_PROBLEMS if problems else outcome.EXIT_OK
         if problems:  # the toolkit's error line: launchers' own failure reports are dropped
@@ -402,7 +467,8 @@ def run(options: Options) -> int:
             sys.stderr.flush()
         if options.json_path is not None:
             try:
-                data = json.dumps(report_json(ranks, links, problems, options), indent=1)
+                report = report_json(ranks, links, problems, options, allreduce)
+                data = json.dumps(report, indent=1)
                 options.json_path.write_text(data + "\n")
             except OSError as err:
                 sys.stderr.write(f"hvd-train: error: selftest: cannot write --json: {err}\n")
@@ -471,6 +537,21 @@ def _check_collectives(comm: Any, rank: int, size: int) -> list[str]:
     got = comm.broadcast(value, root_rank=root, name="hvd_train.selftest.broadcast").numpy()
     expect(f"broadcast from rank {root}", got, np.full([3], root + 7, np.float32))
     return errors
+
+
+def _time_allreduce(comm: Any, nbytes: int) -> float:
+    """Seconds of one allreduce of `nbytes` on every rank, the median of ALLREDUCE_REPEATS after
+    a warm-up, each started after a barrier (collective)."""
+    import tensorflow as tf
+
+    tensor = tf.ones([nbytes // 4], tf.float32)
+    times = []
+    for _ in range(ALLREDUCE_REPEATS + 1):
+        comm.barrier()
+        start = time.perf_counter()
+        comm.allreduce(tensor, op=comm.Average, name="hvd_train.selftest.allreduce").numpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])  # the first pays for the negotiation and the buffers
 
 
 def _compute_step_ms(comm: Any) -> float:

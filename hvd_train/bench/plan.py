@@ -265,10 +265,21 @@ class Compute:
 @dataclass(frozen=True)
 class Link:
     """A host's data link as `hvd-train selftest` measures it: the slower direction's rate, in
-    MB/s each way, and half the round trip of a one-byte message."""
+    MB/s each way, and half the round trip of a one-byte message; and, where it ran on the job's
+    ranks, the rate at which its allreduce moved bytes across each host's link (None: not
+    measured). The gradients move at the lower of the two rates: on a host whose cores compute,
+    the allreduce's copies, sums and TCP stack can hold it below what the link carries."""
 
     mb_per_s: float
     latency_us: float
+    allreduce_mb_per_s: float | None = None
+
+    @property
+    def rate_mb_per_s(self) -> float:
+        """The rate the gradients move at across each host's link."""
+        if self.allreduce_mb_per_s is None:
+            return self.mb_per_s
+        return min(self.mb_per_s, self.allreduce_mb_per_s)
 
 
 def cross_host_bytes(nbytes: float, hosts: int, slots: int, reduction: str = "flat") -> float:
@@ -327,8 +338,8 @@ def cluster_step(
       ValueError: a link rate that is not positive, fewer than one buffer, or an unknown
         reduction.
     """
-    if link.mb_per_s <= 0:
-        raise ValueError(f"the link rate must be positive, got {link.mb_per_s} MB/s")
+    if link.rate_mb_per_s <= 0:
+        raise ValueError(f"the link rate must be positive, got {link.rate_mb_per_s} MB/s")
     if buffers < 1:
         raise ValueError(f"need at least one buffer, got {buffers}")
     n = hosts if reduction == "two_level" else hosts * slots
@@ -336,7 +347,7 @@ def cluster_step(
 
     def comm_of(nbytes: float, count: int) -> tuple[float, float]:
         moved = cross_host_bytes(nbytes, hosts, slots, reduction)
-        return moved / (link.mb_per_s * 1e6), count * hop_s
+        return moved / (link.rate_mb_per_s * 1e6), count * hop_s
 
     transfer, latency = comm_of(gradient_bytes, buffers)
     comm = transfer + latency

@@ -14,6 +14,7 @@ import re
 import subprocess
 
 import jobs  # tests/integration/jobs.py: bounded jobs that leave nothing behind
+import pytest
 from hosts import Cluster, on_host
 
 SELFTEST = [jobs.PYTHON, "-m", "hvd_train.cli", "launch", "--np"]
@@ -45,6 +46,10 @@ def test_a_healthy_cluster_exits_0_with_its_data_network(cluster: Cluster):
         assert link["error"] is None and link["mb_per_s"] > 50 and link["latency_us"] > 0, link
         assert re.search(rf"^{link['a']} - {link['b']}\s+\d+\.\d", job.output, re.M)
     assert report["ok"] and report["problems"] == []
+    allreduce = report["allreduce"]  # one rank per host: the ring carries S across each link
+    assert allreduce["hosts"] == 2 and allreduce["nbytes"] == 32 << 20, allreduce
+    assert allreduce["mb_per_s"] == pytest.approx(32 * 2**20 / allreduce["seconds"] / 1e6)
+    assert re.search(r"^allreduce of 33\.6 MB on 2 rank\(s\): .* MB/s across", job.output, re.M)
     assert job.seconds < 60
 
 
@@ -66,3 +71,5 @@ def test_a_slow_link_names_the_pairs_of_its_host(cluster: Cluster):
     speed = {f"{x['a']} - {x['b']}": x["mb_per_s"] for x in report["links"]}
     assert speed["h1 - h3"] < 50 / 8 * 1.2 and speed["h2 - h3"] < 50 / 8 * 1.2, speed
     assert speed["h1 - h2"] > 4 * max(speed["h1 - h3"], speed["h2 - h3"]), speed
+    # The job's allreduce crosses h3's link: it cannot move faster than that link carries.
+    assert report["allreduce"]["mb_per_s"] < 50 / 8 * 1.2, report["allreduce"]

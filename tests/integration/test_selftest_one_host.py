@@ -35,6 +35,11 @@ def test_a_healthy_job_on_one_host(tmp_path, launcher):
     for r in data["ranks"]:
         assert r["collective_errors"] == [] and r["step_ms"] > 0
     assert {r["controller"] for r in data["ranks"]} == {"mpi" if launcher == "mpirun" else "gloo"}
+    # One host: the allreduce is timed, and crosses no link.
+    allreduce = data["allreduce"]
+    assert allreduce["nbytes"] == 32 << 20 and allreduce["ranks"] == 2 and allreduce["hosts"] == 1
+    assert allreduce["seconds"] > 0 and allreduce["mb_per_s"] is None
+    assert any(x.startswith("allreduce of 33.6 MB on 2 rank(s): ") for x in lines), job.tail()
 
 
 def test_a_rank_slowed_by_a_busy_core_is_named(tmp_path):

@@ -95,9 +95,22 @@ def test_cluster_step_two_level_sends_less_across_at_two_slots():
     assert two["latency"] < flat["latency"]  # 2 hops across the hosts' leaders instead of 6
 
 
+def test_cluster_step_moves_the_gradients_at_the_lower_of_link_and_allreduce_rate():
+    # The selftest's allreduce moved 50 MB/s across each host's link of 100 MB/s: the hosts' CPUs
+    # hold the gradients to 50.
+    held = plan.cluster_step(COMPUTE, plan.Link(100.0, 50.0, 50.0), 1e8, 2, 1, cycle_ms=0)
+    assert held["transfer"] == pytest.approx(2.0)
+    # An allreduce faster than the link (its measurement's noise) never raises the rate.
+    fast = plan.cluster_step(COMPUTE, plan.Link(100.0, 50.0, 400.0), 1e8, 2, 1, cycle_ms=0)
+    assert fast["transfer"] == pytest.approx(1.0)
+    assert plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, cycle_ms=0)["transfer"] == pytest.approx(1.0)
+
+
 def test_cluster_step_refuses_what_it_cannot_model():
     with pytest.raises(ValueError, match="link rate"):
         plan.cluster_step(COMPUTE, plan.Link(0.0, 1.0), 1e8, 2, 1)
+    with pytest.raises(ValueError, match="link rate"):
+        plan.cluster_step(COMPUTE, plan.Link(100.0, 1.0, 0.0), 1e8, 2, 1)
     with pytest.raises(ValueError, match="buffer"):
         plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, buffers=0)
 

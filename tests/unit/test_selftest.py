@@ -255,6 +255,46 @@ def test_the_json_holds_every_number():
     }
 
 
+def test_the_allreduce_rate_across_each_hosts_link():
+    # 2 hosts x 2 ranks: a flat ring carries 1.5 x 32 MiB across each host's link each way.
+    timing = selftest.allreduce_timing(32 << 20, 0.1, ranks=4, hosts=2)
+    assert timing.mb_per_s == pytest.approx(1.5 * (32 << 20) / 0.1 / 1e6)
+    assert selftest.allreduce_timing(32 << 20, 0.1, ranks=2, hosts=2).mb_per_s == pytest.approx(
+        (32 << 20) / 0.1 / 1e6
+    )
+    assert selftest.allreduce_timing(32 << 20, 0.1, ranks=2, hosts=1).mb_per_s is None  # no link
+
+
+def test_the_allreduce_size_follows_the_slowest_link():
+    assert selftest.allreduce_bytes([]) == 32 << 20  # one host: no link to wait for
+    assert selftest.allreduce_bytes(HEALTHY_LINKS) == 32 << 20  # 900 MB/s x 0.25 s is more
+    slow = [link("h1", "h2", 40.0), link("h1", "h3", 2.0)]
+    assert selftest.allreduce_bytes(slow) == 1 << 20  # 0.5 MB would be less than the floor
+    tc_50mbit = [link("h1", "h3", 6.25)]  # the cluster test's slow host
+    assert selftest.allreduce_bytes(tc_50mbit) == 1_562_500
+    middle = [link("h1", "h2", 40.0)]
+    assert selftest.allreduce_bytes(middle) == 10_000_000  # 40 MB/s x 0.25 s
+    unmeasured = [selftest.Link("h1", "h2", error="timed out")]
+    assert selftest.allreduce_bytes(unmeasured) == 32 << 20
+
+
+def test_the_allreduce_in_the_table_and_the_json():
+    timing = selftest.allreduce_timing(32 << 20, 0.05, ranks=3, hosts=3)
+    text = selftest.table(THREE, HEALTHY_LINKS, [], timing)
+    line = "allreduce of 33.6 MB on 3 rank(s): 50.0 ms, 894.8 MB/s across each host's link"
+    assert line in text.splitlines()
+    one_host = selftest.allreduce_timing(1 << 20, 0.002, ranks=2, hosts=1)
+    assert "allreduce of 1.0 MB on 2 rank(s): 2.0 ms" in selftest.table(THREE, [], [], one_host)
+    data = selftest.report_json(THREE, HEALTHY_LINKS, [], Options(), timing)
+    assert data["allreduce"] == {
+        "nbytes": 32 << 20,
+        "seconds": 0.05,
+        "ranks": 3,
+        "hosts": 3,
+        "mb_per_s": pytest.approx(4 / 3 * (32 << 20) / 0.05 / 1e6),
+    }
+
+
 # --- the options ---------------------------------------------------------------------------------
 
 
