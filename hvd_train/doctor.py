@@ -122,7 +122,7 @@ def run(out: TextIO) -> int:
         rows.append(("stack", f"{compat.NAME} (Keras {compat.KERAS_MAJOR})"))
         onednn = {True: "oneDNN", False: "Eigen", None: "unknown"}[runtime.onednn_enabled()]
         setting = os.environ.get(placement.ONEDNN_ENV, "unset")
-        rows.append(("tensorflow cpu kernels", f"{onednn} ({placement.ONEDNN_ENV}={setting})"))
+        rows.append(("cpu kernels", f"{onednn} ({placement.ONEDNN_ENV}={setting})"))
         rows.append(("horovod controllers", ", ".join(k for k in ("mpi", "gloo") if built[k])))
         rows.append(("horovod gpu ops", "nccl" if built["nccl"] else "none (CPU build)"))
         patches = {
