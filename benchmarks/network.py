@@ -134,6 +134,8 @@ VARIANTS = {
         Variant("toolkit", "modern", "toolkit"),
         Variant("toolkit-one-group", "modern", "toolkit", ("optimizer.bucket_mb=0",)),
         Variant("toolkit-buckets", "modern", "toolkit", ("optimizer.bucket_mb=25",)),
+        Variant("toolkit-buckets-4", "modern", "toolkit", ("optimizer.bucket_mb=4",)),
+        Variant("toolkit-buckets-1", "modern", "toolkit", ("optimizer.bucket_mb=1",)),
         Variant("toolkit-fp16", "modern", "toolkit", ("optimizer.compression=fp16",)),
         Variant("toolkit-bf16", "modern", "toolkit", ("optimizer.compression=bf16",)),
         Variant(
