@@ -43,6 +43,7 @@ class Topology:
 
 _compute_threads: int | None = None
 _spare_cpu: bool | None = None
+_oversubscribed: bool | None = None
 GROUP_FUSION_OFF = "HOROVOD_DISABLE_GROUP_FUSION"
 
 
@@ -142,18 +143,17 @@ def init(
             "hvd_train first, or set %s=1 before Python starts",
             placement.ONEDNN_ENV,
         )
-    global _spare_cpu
+    global _spare_cpu, _oversubscribed
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         # A worker joining an elastic job starts alone, with no peer to agree with: the job
         # takes one bucket, whatever its hosts (the same on every rank without a collective).
-        _spare_cpu = False
+        _spare_cpu, _oversubscribed = False, False
     else:
         # One value for the job from every rank's place (the gradient buckets follow it, and
         # must be alike everywhere).
         mine = (socket.gethostname(), placement.affinity_cpus(), threads, len(physical))
-        _spare_cpu = placement.spare_cpu(
-            [mine] if local.size == 1 else collectives.allgather_object(mine)
-        )
+        ranks = [mine] if local.size == 1 else collectives.allgather_object(mine)
+        _spare_cpu, _oversubscribed = placement.spare_cpu(ranks), placement.oversubscribed(ranks)
 
 
 def onednn_enabled() -> bool | None:
@@ -222,6 +222,15 @@ def spare_cpu() -> bool:
     if _spare_cpu is None:
         raise RuntimeError("hvd_train.init() has not run")
     return _spare_cpu
+
+
+def oversubscribed() -> bool:
+    """True where some CPU-only host of the job runs more compute threads than it has CPUs
+    (`core.placement.oversubscribed`): its ranks take turns on the cores. The same on every rank
+    (agreed at `init`; False under Horovod Elastic)."""
+    if _oversubscribed is None:
+        raise RuntimeError("hvd_train.init() has not run")
+    return _oversubscribed
 
 
 def compute_threads() -> int:

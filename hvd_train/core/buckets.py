@@ -9,11 +9,13 @@ same order (the fused buffers, hence the sums' order and bit-exact resume, do no
 timing; Horovod keeps the groups apart under HOROVOD_DISABLE_GROUP_FUSION, which `comm.init`
 sets).
 
-The default size (`bucket_bytes`) follows from the topology: one bucket on one host, where the
-allreduce is a small part of the step and each further bucket only adds a negotiation, and one
-where the compute fills every core of a CPU-only host (the transfer, driven by Horovod's thread,
-then takes the compute's core instead of running beside it: docs/performance.md has the
-measurements); otherwise about a quarter of the gradients per bucket, at least
+The default size (`bucket_bytes`) follows from the topology and was measured on the cluster of
+docs/network.md: one bucket on one host, where the allreduce is a small part of the step and each
+further bucket only adds a negotiation, and one where the compute exactly fills every core of a
+CPU-only host (the transfer, driven by Horovod's thread, then takes the compute's core instead of
+running beside it); buckets of `MIN_BUCKET_BYTES` where a host's ranks share its cores (their
+backward passes, at a share of a core, last long enough for the link to carry most gradients
+while they run); otherwise about a quarter of the gradients per bucket, at least
 `MIN_BUCKET_BYTES` (each bucket pays a Horovod cycle and the ring's latency) and at most
 `MAX_BUCKET_BYTES` (PyTorch DDP's default cap).
 """
@@ -29,7 +31,11 @@ BUCKETS_ACROSS_HOSTS = 4
 
 
 def bucket_bytes(
-    total_bytes: int, cross_size: int, bucket_mb: float | None, spare_cpu: bool = True
+    total_bytes: int,
+    cross_size: int,
+    bucket_mb: float | None,
+    spare_cpu: bool = True,
+    oversubscribed: bool = False,
 ) -> int:
     """The bucket size in bytes; 0 means one bucket of everything.
 
@@ -38,13 +44,17 @@ def bucket_bytes(
       cross_size: hosts in the job (Horovod's cross_size).
       bucket_mb: the user's choice in MiB (0: one bucket); None: derived from the topology.
       spare_cpu: every host keeps a core free of compute, or computes on GPUs (`comm.spare_cpu`).
+      oversubscribed: some CPU-only host runs more compute threads than it has CPUs
+        (`comm.oversubscribed`).
     """
     if bucket_mb is not None:
         return round(bucket_mb * MIB)
-    if cross_size <= 1 or not spare_cpu:
+    if cross_size <= 1:
         return 0
-    share = total_bytes // BUCKETS_ACROSS_HOSTS
-    return min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, share))
+    if spare_cpu:
+        share = total_bytes // BUCKETS_ACROSS_HOSTS
+        return min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, share))
+    return MIN_BUCKET_BYTES if oversubscribed else 0
 
 
 def layout(nbytes: Sequence[int], size: int) -> list[list[int]]:

@@ -48,19 +48,32 @@ def affinity_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def spare_cpu(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool:
-    """Whether every host of the job keeps a core free of the ranks' compute (or computes on
-    GPUs), from each rank's (host name, affinity CPUs, compute threads, GPUs).
+def _host_loads(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> list[tuple[int, int, int]]:
+    """Per host of the job: (its CPUs for the job, its ranks' compute threads, its GPUs), from
+    each rank's (host name, affinity CPUs, compute threads, GPUs).
 
     A host's CPUs for the job are the union of its ranks' affinity masks: all its cores under
     `mpirun --bind-to none`, a scheduler's allocation where it binds, a container's or a test
-    cluster's pinned CPUs. Its compute fills them when its ranks' threads add up to as many.
+    cluster's pinned CPUs.
     """
     hosts: dict[str, tuple[set[int], int, int]] = {}
     for host, cpus, threads, gpus in ranks:
         seen, total, gpu = hosts.get(host, (set(), 0, 0))
         hosts[host] = (seen | set(cpus), total + threads, gpu + gpus)
-    return all(gpu or total < len(cpus) for cpus, total, gpu in hosts.values())
+    return [(len(cpus), total, gpu) for cpus, total, gpu in hosts.values()]
+
+
+def spare_cpu(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool:
+    """Whether every host of the job keeps a core free of the ranks' compute (or computes on
+    GPUs), from each rank's (host name, affinity CPUs, compute threads, GPUs): a host's compute
+    fills its CPUs when its ranks' threads add up to as many (`_host_loads`)."""
+    return all(gpu or threads < cpus for cpus, threads, gpu in _host_loads(ranks))
+
+
+def oversubscribed(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool:
+    """Whether some CPU-only host of the job runs more compute threads than it has CPUs for the
+    job (its ranks then take turns on the cores), from the same per-rank tuples as `spare_cpu`."""
+    return any(not gpu and threads > cpus for cpus, threads, gpu in _host_loads(ranks))
 
 
 def host_cpu_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -240,7 +240,9 @@ def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]
     """The buckets of gradients shaped like these tensors or variables (indices into `values`, in
     the order sent): fixed by their sizes and the job's topology (`core.buckets`)."""
     nbytes = [v.shape.num_elements() * v.dtype.size for v in values]
-    size = buckets.bucket_bytes(sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu())
+    size = buckets.bucket_bytes(
+        sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu(), comm.oversubscribed()
+    )
     return buckets.layout(nbytes, size)
 
 

@@ -89,7 +89,11 @@ def test_plan_inputs_of_the_toolkit_are_its_own_bucket_layout():
     assert fp16["wire_bytes"] == sum(SIZES) / 2 and fp16["last_bytes"] is None
     # 2 hosts x 2 slots: the default follows the toolkit's rule; two-level where asked.
     rule = reduction.reduction_rule("auto", [2, 2], elastic=False, dynamic_process_sets=True)
-    assert network.plan_inputs(row(layout="2x2"), toolkit)["reduction"] == rule
+    at_2x2 = network.plan_inputs(row(layout="2x2"), toolkit)
+    assert at_2x2["reduction"] == rule
+    # Two ranks on each host's one CPU: the smallest buckets.
+    small = buckets.layout(SIZES, buckets.MIN_BUCKET_BYTES)
+    assert at_2x2["buffers"] == len(small) > 1
     two = network.plan_inputs(row(layout="2x2"), network.VARIANTS["toolkit-two-level"])
     assert two["reduction"] == "two_level"
 

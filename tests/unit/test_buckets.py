@@ -50,3 +50,10 @@ def test_bucket_bytes_follows_the_topology(total, cross_size, bucket_mb, expecte
 def test_no_buckets_where_the_compute_fills_the_cores_unless_asked():
     assert buckets.bucket_bytes(100 * MIB, 2, None, spare_cpu=False) == 0
     assert buckets.bucket_bytes(100 * MIB, 2, 4.0, spare_cpu=False) == 4 * MIB
+
+
+def test_smallest_buckets_where_ranks_share_the_cores():
+    assert buckets.bucket_bytes(100 * MIB, 2, None, False, oversubscribed=True) == MIB
+    # One host stays one bucket, and the user's choice still wins.
+    assert buckets.bucket_bytes(100 * MIB, 1, None, False, oversubscribed=True) == 0
+    assert buckets.bucket_bytes(100 * MIB, 2, 0, False, oversubscribed=True) == 0

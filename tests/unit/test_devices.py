@@ -122,6 +122,24 @@ def test_spare_cpu_per_host_from_the_ranks_affinity(ranks, expected):
 
 
 @pytest.mark.parametrize(
+    ("ranks", "expected"),
+    [
+        # The cluster of tests/cluster at 2 slots per host: two 1-thread ranks on one CPU.
+        ([("h1", [0], 1, 0), ("h1", [0], 1, 0), ("h2", [1], 1, 0), ("h2", [1], 1, 0)], True),
+        # Exactly filled is not oversubscribed.
+        ([("h1", [0], 1, 0), ("h2", [1], 1, 0)], False),
+        ([("a", [2 * r, 2 * r + 1], 2, 0) for r in range(4)], False),
+        # One host over its CPUs is enough (its ranks straggle).
+        ([("a", range(8), 1, 0), ("b", [0], 2, 0)], True),
+        # GPUs compute: the host threads do not count.
+        ([("h1", [0], 2, 1), ("h2", [1], 2, 1)], False),
+    ],
+)
+def test_oversubscribed_when_a_hosts_threads_exceed_its_cpus(ranks, expected):
+    assert devices.oversubscribed(ranks) is expected
+
+
+@pytest.mark.parametrize(
     ("environ", "machine", "value"),
     [
         ({}, "x86_64", "1"),
