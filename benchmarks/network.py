@@ -145,6 +145,8 @@ VARIANTS = {
         Variant("toolkit-sharded", "modern", "toolkit", ("optimizer.shard_state=true",)),
         Variant("keras3-per-tensor", "modern", "per_tensor"),
         Variant("toolkit-classic", "classic", "toolkit"),
+        Variant("toolkit-classic-one-group", "classic", "toolkit", ("optimizer.bucket_mb=0",)),
+        Variant("toolkit-classic-buckets-1", "classic", "toolkit", ("optimizer.bucket_mb=1",)),
         Variant("horovod-keras", "classic", "horovod_keras"),
         Variant("mwms", "classic", "mwms"),
     )
@@ -664,8 +666,9 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
         }
     bucket_mb = variant.setting("optimizer.bucket_mb", _default("bucket_mb"))
     chosen = None if bucket_mb in ("null", "~", "") else float(bucket_mb)
-    # The cluster's hosts have one CPU each, which the ranks' compute fills: no spare core.
-    layout = buckets.layout(sizes, buckets.bucket_bytes(total, hosts, chosen, spare_cpu=False))
+    # The cluster's hosts have one CPU each, which one rank's compute fills and two oversubscribe.
+    size = buckets.bucket_bytes(total, hosts, chosen, spare_cpu=False, oversubscribed=slots > 1)
+    layout = buckets.layout(sizes, size)
     last = sum(sizes[i] for i in layout[-1]) * wire if len(layout) > 1 else None
     return {
         "wire_bytes": total * wire,
