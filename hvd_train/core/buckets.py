@@ -13,11 +13,12 @@ The default size (`bucket_bytes`) follows from the topology and was measured on 
 docs/network.md: one bucket on one host, where the allreduce is a small part of the step and each
 further bucket only adds a negotiation, and one where the compute exactly fills every core of a
 CPU-only host (the transfer, driven by Horovod's thread, then takes the compute's core instead of
-running beside it); buckets of `MIN_BUCKET_BYTES` where a host's ranks share its cores (their
-backward passes, at a share of a core, last long enough for the link to carry most gradients
-while they run); otherwise about a quarter of the gradients per bucket, at least
-`MIN_BUCKET_BYTES` (each bucket pays a Horovod cycle and the ring's latency) and at most
-`MAX_BUCKET_BYTES` (PyTorch DDP's default cap).
+running beside it) under Open MPI; buckets of `MIN_BUCKET_BYTES` where a host's ranks share its
+cores (their backward passes, at a share of a core, last long enough for the link to carry most
+gradients while they run) and under Gloo (its transfers overlap the busy core's compute);
+otherwise about a quarter of the gradients per bucket, at least `MIN_BUCKET_BYTES` (each bucket
+pays a Horovod cycle and the ring's latency) and at most `MAX_BUCKET_BYTES` (PyTorch DDP's
+default cap).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def bucket_bytes(
     bucket_mb: float | None,
     spare_cpu: bool = True,
     oversubscribed: bool = False,
+    gloo: bool = False,
 ) -> int:
     """The bucket size in bytes; 0 means one bucket of everything.
 
@@ -46,6 +48,8 @@ def bucket_bytes(
       spare_cpu: every host keeps a core free of compute, or computes on GPUs (`comm.spare_cpu`).
       oversubscribed: some CPU-only host runs more compute threads than it has CPUs
         (`comm.oversubscribed`).
+      gloo: the job's controller is Gloo, whose transfers overlap a busy core's compute where
+        Open MPI's take the core from it (docs/network.md).
     """
     if bucket_mb is not None:
         return round(bucket_mb * MIB)
@@ -54,7 +58,7 @@ def bucket_bytes(
     if spare_cpu:
         share = total_bytes // BUCKETS_ACROSS_HOSTS
         return min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, share))
-    return MIN_BUCKET_BYTES if oversubscribed else 0
+    return MIN_BUCKET_BYTES if oversubscribed or gloo else 0
 
 
 def layout(nbytes: Sequence[int], size: int) -> list[list[int]]:

@@ -24,6 +24,7 @@ gradients while the backward pass still computes the early ones.
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
 from typing import Any
 
@@ -240,8 +241,10 @@ def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]
     """The buckets of gradients shaped like these tensors or variables (indices into `values`, in
     the order sent): fixed by their sizes and the job's topology (`core.buckets`)."""
     nbytes = [v.shape.num_elements() * v.dtype.size for v in values]
+    # An elastic job runs Gloo too, and keeps one bucket (comm.init: no peer agrees at start).
+    gloo = comm.controller() == "gloo" and os.environ.get("HOROVOD_ELASTIC") != "1"
     size = buckets.bucket_bytes(
-        sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu(), comm.oversubscribed()
+        sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu(), comm.oversubscribed(), gloo
     )
     return buckets.layout(nbytes, size)
 

@@ -57,3 +57,36 @@ def test_smallest_buckets_where_ranks_share_the_cores():
     # One host stays one bucket, and the user's choice still wins.
     assert buckets.bucket_bytes(100 * MIB, 1, None, False, oversubscribed=True) == 0
     assert buckets.bucket_bytes(100 * MIB, 2, 0, False, oversubscribed=True) == 0
+
+
+def test_smallest_buckets_under_gloo_where_the_compute_fills_the_cores():
+    assert buckets.bucket_bytes(100 * MIB, 2, None, False, gloo=True) == MIB
+    assert buckets.bucket_bytes(100 * MIB, 2, None, False, gloo=False) == 0  # Open MPI
+    # A spare core keeps the larger buckets; one host stays one bucket.
+    assert buckets.bucket_bytes(100 * MIB, 2, None, True, gloo=True) == 25 * MIB
+    assert buckets.bucket_bytes(100 * MIB, 1, None, False, gloo=True) == 0
+
+
+@pytest.mark.parametrize(
+    ("controller", "elastic", "buckets_expected"),
+    [("gloo", False, 3), ("mpi", False, 1), ("gloo", True, 1)],
+)
+def test_the_optimizer_takes_small_buckets_under_gloo_but_not_when_elastic(
+    monkeypatch, controller, elastic, buckets_expected
+):
+    import tensorflow as tf
+
+    from hvd_train import comm
+    from hvd_train.keras import optimizer
+
+    # Two hosts whose compute fills their one core each, as the cluster of tests/cluster.
+    for name, value in [("cross_size", 2), ("spare_cpu", False), ("oversubscribed", False)]:
+        monkeypatch.setattr(comm, name, lambda value=value: value)
+    monkeypatch.setattr(comm, "controller", lambda: controller)
+    if elastic:
+        monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    else:
+        monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    values = [tf.zeros([MIB // 4]) for _ in range(3)]  # 1 MiB of float32 each
+
+    assert len(optimizer.bucket_layout(values, None)) == buckets_expected
