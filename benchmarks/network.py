@@ -50,6 +50,10 @@ STACKS = {
     "classic": REPO / ".venv-classic" / "bin" / "python",
 }
 LAYOUTS = {"2x1": ("h1:1,h2:1", 2), "2x2": ("h1:2,h2:2", 4)}
+# Horovod's controller, and the launcher that starts a job under it. horovodrun starts its
+# rendezvous server where it runs, which the hosts must reach: every job is launched on h1, as a
+# user launches on the first node of an allocation.
+CONTROLLERS = {"mpi": "mpirun", "gloo": "horovodrun-gloo"}
 RATES = ("unlimited", "10gbit", "1gbit")
 JOB_TIMEOUT_S = 1500
 
@@ -511,13 +515,23 @@ def cluster_env(python: Path) -> dict[str, str]:
     return env
 
 
-def _launch(python: Path, hosts: str, np: int, command: list[str], timeout: float) -> None:
-    """`command` on `np` ranks over `hosts` under mpirun; the toolkit's own commands (selftest)
-    through `hvd-train launch`, anything else through `python -m hvd_train.core.launch`."""
+def _launch(
+    python: Path,
+    hosts: str,
+    np: int,
+    command: list[str],
+    timeout: float,
+    controller: str = "mpi",
+) -> None:
+    """`command` on `np` ranks over `hosts` under `controller`'s launcher, started on h1; the
+    toolkit's own commands (selftest) through `hvd-train launch`, anything else through
+    `python -m hvd_train.core.launch`."""
     launcher = (
         ["hvd_train.cli", "launch"] if command[0] == "selftest" else ["hvd_train.core.launch"]
     )
-    argv = [str(python), "-m", *launcher, "--np", str(np), "--hosts", hosts, "--", *command]
+    argv = ["bash", str(CLUSTER), "exec", "h1", str(python), "-m", *launcher]
+    argv += ["--np", str(np), "--hosts", hosts, "--launcher", CONTROLLERS[controller]]
+    argv += ["--", *command]
     print("+ " + shlex.join(argv), flush=True)
     t0 = time.perf_counter()
     # The job's output goes straight through: its progress shows while it runs.
@@ -551,11 +565,14 @@ def _jobs(
     stacks: dict[str, list[str]],
     model_names: Sequence[str],
     timing: list[str],
-    first: dict[tuple[str, str], tuple[str, str]],
+    first: dict[tuple[str, str, str], tuple[str, str]],
+    controllers: Sequence[str] = ("mpi",),
 ) -> list[dict]:
-    """The jobs of one layout at one rate, one per stack (and MultiWorkerMirroredStrategy's);
-    their rows. `first`, per layout and stack: the rate whose job measured compute alone and its
-    results (compute does not depend on the link: measured at the first rate, then taken)."""
+    """The jobs of one layout at one rate, one per stack and controller (and
+    MultiWorkerMirroredStrategy's); their rows. `first`, per layout, stack and controller: the
+    rate whose job measured compute alone and its results (compute does not depend on the link:
+    measured at the first rate, then taken; it does depend on the controller, whose background
+    work shares the cores)."""
     hosts, np = LAYOUTS[layout]
     rows = []
     for stack, names in stacks.items():
@@ -563,30 +580,50 @@ def _jobs(
         horovod = [name for name in names if VARIANTS[name].kind != "mwms"]
         if not horovod:
             continue
-        out = state_dir() / "shared" / f"network-{stack}-{layout}-{rate}.json"
-        command = [str(STACKS[stack]), "-m", "benchmarks.network", "job", "--models", *model_names]
-        command += ["--variants", *horovod, *timing, "--out", str(out)]
-        if (layout, stack) in first:
-            earlier = out.with_name(f"network-compute-{stack}-{layout}.json")
-            earlier.write_text(first[layout, stack][1])
-            command += ["--compute-from", str(earlier)]
-        _launch(STACKS[stack], hosts, np, command, JOB_TIMEOUT_S)
-        first.setdefault((layout, stack), (rate, out.read_text()))
-        here = [
-            {"rate": rate, "link": link, "layout": layout, "compute_rate": first[layout, stack][0]}
-            | result
-            for result in json.loads(out.read_text())
-        ]
-        if "mwms" in names:
-            # Its own job (no Horovod), beside the classic Horovod job's ceiling.
+        for controller in controllers:
+            rows += _job(rate, link, layout, stack, horovod, model_names, timing, first, controller)
+        if "mwms" in names and "mpi" in controllers:
+            # Its own job (no Horovod, started by mpirun), beside the classic Horovod job's
+            # ceiling under MPI.
+            here = [row for row in rows if row["stack"] == stack and row["controller"] == "mpi"]
             out = state_dir() / "shared" / f"network-mwms-{layout}-{rate}.json"
             command = [str(STACKS[stack]), "-m", "benchmarks.network", "mwms-job"]
             command += ["--models", *model_names, "--hosts", hosts, *timing, "--out", str(out)]
             _launch(STACKS[stack], hosts, np, command, JOB_TIMEOUT_S)
             for row, mwms in zip(here, json.loads(out.read_text()), strict=True):
                 row["variants"]["mwms"] = {**mwms, "overrides": [], "kind": "mwms"}
-        rows += here
     return rows
+
+
+def _job(
+    rate: str,
+    link: dict,
+    layout: str,
+    stack: str,
+    names: list[str],
+    model_names: Sequence[str],
+    timing: list[str],
+    first: dict[tuple[str, str, str], tuple[str, str]],
+    controller: str,
+) -> list[dict]:
+    """One Horovod job: `names`' variants of one stack under one controller; its rows."""
+    hosts, np = LAYOUTS[layout]
+    key = (layout, stack, controller)
+    out = state_dir() / "shared" / f"network-{stack}-{controller}-{layout}-{rate}.json"
+    command = [str(STACKS[stack]), "-m", "benchmarks.network", "job", "--models", *model_names]
+    command += ["--variants", *names, *timing, "--out", str(out)]
+    if key in first:
+        earlier = out.with_name(f"network-compute-{stack}-{controller}-{layout}.json")
+        earlier.write_text(first[key][1])
+        command += ["--compute-from", str(earlier)]
+    _launch(STACKS[stack], hosts, np, command, JOB_TIMEOUT_S, controller)
+    first.setdefault(key, (rate, out.read_text()))
+    return [
+        {"rate": rate, "link": link, "layout": layout, "controller": controller}
+        | {"compute_rate": first[key][0]}
+        | result
+        for result in json.loads(out.read_text())
+    ]
 
 
 def measure(
@@ -597,9 +634,11 @@ def measure(
     steps: int,
     warmup: int,
     partial: Path | None = None,
+    controllers: Sequence[str] = ("mpi",),
 ) -> dict:
-    """Bring the cluster up at each rate in turn (always down again) and run every job; after
-    each rate and layout the rows so far go to `partial` (what a failed run measured is kept)."""
+    """Bring the cluster up at each rate in turn (always down again) and run every job, under
+    each of `controllers`; after each rate and layout the rows so far go to `partial` (what a
+    failed run measured is kept)."""
     variants, skipped = available(variant_names)
     stacks = {stack: [v.name for v in variants if v.stack == stack] for stack in STACKS}
     timing = ["--steps", str(steps), "--warmup", str(warmup)]
@@ -607,6 +646,7 @@ def measure(
         "bench": "network",
         "rates": list(rates),
         "layouts": list(layouts),
+        "controllers": list(controllers),
         "models": {name: dataclasses.asdict(MODELS[name]) for name in model_names},
         "variants": {v.name: dataclasses.asdict(v) for v in variants},
         "skipped_variants": skipped,
@@ -627,7 +667,9 @@ def measure(
                     f"{link['latency_us']:.0f} us; allreduce {link['allreduce_mb_per_s']:.1f} MB/s",
                     flush=True,
                 )
-                result["rows"] += _jobs(rate, link, layout, stacks, model_names, timing, first)
+                result["rows"] += _jobs(
+                    rate, link, layout, stacks, model_names, timing, first, controllers
+                )
                 if partial is not None:
                     partial.write_text(json.dumps(result, indent=1))
         finally:
@@ -667,7 +709,14 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
     bucket_mb = variant.setting("optimizer.bucket_mb", _default("bucket_mb"))
     chosen = None if bucket_mb in ("null", "~", "") else float(bucket_mb)
     # The cluster's hosts have one CPU each, which one rank's compute fills and two oversubscribe.
-    size = buckets.bucket_bytes(total, hosts, chosen, spare_cpu=False, oversubscribed=slots > 1)
+    size = buckets.bucket_bytes(
+        total,
+        hosts,
+        chosen,
+        spare_cpu=False,
+        oversubscribed=slots > 1,
+        gloo=controller(row) == "gloo",
+    )
     layout = buckets.layout(sizes, size)
     last = sum(sizes[i] for i in layout[-1]) * wire if len(layout) > 1 else None
     return {
@@ -773,10 +822,17 @@ def _grid(result: dict, plt, title: str) -> tuple[object, list[tuple[object, str
     return fig, panels
 
 
-def _rows_by_stack(rows: list[dict]) -> dict[str, list[dict]]:
+def controller(row: dict) -> str:
+    """The row's Horovod controller (results before the controller choice ran under MPI)."""
+    return row.get("controller", "mpi")
+
+
+def _rows_by_job(rows: list[dict]) -> dict[str, list[dict]]:
+    """The rows by stack and controller, labelled "modern" or "modern, gloo" (MPI unnamed)."""
     by: dict[str, list[dict]] = {}
     for row in rows:
-        by.setdefault(row["stack"], []).append(row)
+        label = row["stack"] + ("" if controller(row) == "mpi" else f", {controller(row)}")
+        by.setdefault(label, []).append(row)
     return by
 
 
@@ -795,7 +851,8 @@ def plot(result: dict, out: Path, name: str = "network") -> list[Path]:
         )
         fig, panels = _grid(result, plt, title)
         for ax, label, rows in panels:
-            for stack, stack_rows in _rows_by_stack(rows).items():
+            for job, stack_rows in _rows_by_job(rows).items():
+                gloo = controller(stack_rows[0]) == "gloo"
                 x = [r["link"]["mb_per_s"] for r in stack_rows]
                 if what == "step":
                     ax.plot(
@@ -804,18 +861,21 @@ def plot(result: dict, out: Path, name: str = "network") -> list[Path]:
                         "k--",
                         marker="_",
                         lw=0.8,
-                        label=f"ceiling ({stack})",
+                        label=f"ceiling ({job})",
                     )
                 for variant in stack_rows[0]["variants"]:
                     color = f"C{list(result['variants']).index(variant) % 10}"
+                    # Gloo's lines: the variant's colour, dashed, with triangles.
+                    ls, mark = ("--", "^") if gloo else ("-", "o")
+                    legend = f"{variant} (gloo)" if gloo else variant
                     if what == "step":
                         y = [r["variants"][variant]["step_ms"] for r in stack_rows]
                         p = [r["variants"][variant]["predicted_step_ms"] for r in stack_rows]
-                        ax.plot(x, y, marker="o", color=color, label=variant)
+                        ax.plot(x, y, ls=ls, marker=mark, color=color, label=legend)
                         ax.plot(x, p, ls=":", marker="x", color=color)
                     else:
                         y = [r["variants"][variant]["hidden"] for r in stack_rows]
-                        ax.plot(x, y, marker="o", color=color, label=variant)
+                        ax.plot(x, y, ls=ls, marker=mark, color=color, label=legend)
             ax.set_xscale("log")
             # Ticks at the measured rates only: log minor labels collide over a short span.
             rates = sorted({r["link"]["mb_per_s"] for r in rows})
@@ -878,15 +938,16 @@ def plot(result: dict, out: Path, name: str = "network") -> list[Path]:
 def table(result: dict) -> str:
     """The results as a Markdown table (docs/network.md): one line per job, model and variant."""
     lines = [
-        "| rate (selftest MB/s) | hosts x slots | model (grad MB) | variant | step ms | ceiling ms "
-        "| allreduce alone ms | hidden | plan ms | residual |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| rate (selftest MB/s) | hosts x slots | controller | model (grad MB) | variant | step ms "
+        "| ceiling ms | allreduce alone ms | hidden | plan ms | residual |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         for name, v in row["variants"].items():
             lines.append(
                 f"| {row['rate']} ({row['link']['mb_per_s']:.0f}) | {row['layout']} "
-                f"| {row['model']} ({row['gradient_MB']:.1f}) | {name} | {v['step_ms']:.0f} "
+                f"| {controller(row)} | {row['model']} ({row['gradient_MB']:.1f}) | {name} "
+                f"| {v['step_ms']:.0f} "
                 f"| {row['ceiling_ms']:.0f} | {row['allreduce_ms']:.0f} | {v['hidden']:.2f} "
                 f"| {v['predicted_step_ms']:.0f} | {100 * v['residual']:+.0f}% |"
             )
@@ -908,6 +969,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--models", nargs="+", choices=list(MODELS), help="[all but the dlrm ones]")
     r.add_argument("--variants", nargs="+", choices=list(VARIANTS), help="[all available]")
     r.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS))
+    r.add_argument(
+        "--controllers",
+        nargs="+",
+        choices=list(CONTROLLERS),
+        default=["mpi"],
+        help="Horovod's controller, one job each (mpi: mpirun; gloo: horovodrun --gloo) [mpi]",
+    )
     r.add_argument("--steps", type=int, default=5, help="timed steps [5]")
     r.add_argument("--warmup", type=int, default=1, help="untimed steps first (tracing) [1]")
     r.add_argument("--quick", action="store_true", help="1 rate, resnet20, 2 variants, 2x1")
@@ -964,7 +1032,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.out / f"{name}.json"
     partial = args.out / f"{name}.partial.json"
     t0 = time.perf_counter()
-    result = analyse(measure(rates, models, variants, layouts, steps, warmup, partial))
+    controllers = list(dict.fromkeys(args.controllers))
+    result = analyse(measure(rates, models, variants, layouts, steps, warmup, partial, controllers))
     result["seconds"] = time.perf_counter() - t0
     partial.unlink(missing_ok=True)
     json_path.write_text(json.dumps(result, indent=1))

@@ -59,13 +59,17 @@ stacks() {
 network() {
   # The cluster (root) at each link rate, holding the machine's cluster lock: docs/network.md.
   # [RATES="unlimited 10gbit 1gbit"] [MODELS=...] [VARIANTS=...] [LAYOUTS="2x1 2x2"] [STEPS=5]
+  # [CONTROLLERS="mpi gloo": a job under each] [NAME=network: the result files' name]
   # [QUICK=1: 1 rate, ResNet-20, 2 variants, 2x1]
-  local rates models variants layouts args
+  local rates models variants layouts controllers args
   read -ra rates <<<"${RATES:-unlimited 10gbit 1gbit}"
+  read -ra controllers <<<"${CONTROLLERS:-mpi}"
   read -ra models <<<"${MODELS:-}"
   read -ra variants <<<"${VARIANTS:-}"
   read -ra layouts <<<"${LAYOUTS:-2x1 2x2}"
   args=(--rates "${rates[@]}" --layouts "${layouts[@]}" --steps "${STEPS:-5}")
+  args+=(--controllers "${controllers[@]}")
+  [ -z "${NAME:-}" ] || args+=(--name "$NAME")
   [ ${#models[@]} = 0 ] || args+=(--models "${models[@]}")
   [ ${#variants[@]} = 0 ] || args+=(--variants "${variants[@]}")
   [ "${QUICK:-0}" = 0 ] || args+=(--quick)

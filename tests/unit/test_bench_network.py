@@ -96,6 +96,10 @@ def test_plan_inputs_of_the_toolkit_are_its_own_bucket_layout():
     assert at_2x2["buffers"] == len(small) > 1
     two = network.plan_inputs(row(layout="2x2"), network.VARIANTS["toolkit-two-level"])
     assert two["reduction"] == "two_level"
+    # Under Gloo one rank per host's CPU also takes the smallest buckets; under MPI one bucket.
+    under_gloo = network.plan_inputs(row(controller="gloo"), toolkit)
+    assert under_gloo["buffers"] == len(small) > 1
+    assert network.plan_inputs(row(controller="mpi"), toolkit)["buffers"] == 1
 
 
 def test_plan_inputs_of_per_tensor_allreduce_end_with_the_first_layer():
@@ -161,13 +165,26 @@ def test_2x2_layout_is_told_two_slots():
 
 
 def test_plot_writes_the_three_figures(tmp_path):
-    rows = [row(), row(rate="10gbit", link={"mb_per_s": 1000.0, "latency_us": 30.0})]
+    ten = {"rate": "10gbit", "link": {"mb_per_s": 1000.0, "latency_us": 30.0}}
+    rows = [row(), row(**ten), row(controller="gloo"), row(controller="gloo", **ten)]
     pngs = network.plot(network.analyse(result(rows)), tmp_path, "n")
     assert [p.name for p in pngs] == ["n.png", "n-hidden.png", "n-predicted.png"]
     assert all(p.stat().st_size > 10_000 for p in pngs)
 
 
+def test_rows_of_each_controller_are_their_own_lines():
+    rows = [row(), row(controller="mpi"), row(controller="gloo"), row(stack="classic")]
+    jobs = network._rows_by_job(rows)
+    assert {label: len(rs) for label, rs in jobs.items()} == {
+        "modern": 2,  # a row without a controller ran before the choice: under MPI
+        "modern, gloo": 1,
+        "classic": 1,
+    }
+
+
 def test_table_has_one_line_per_job_model_and_variant():
-    lines = network.table(network.analyse(result([row(), row(layout="2x2")]))).splitlines()
-    assert len(lines) == 2 + 2 * 2
-    assert lines[2].startswith("| 1gbit (100) | 2x1 | m (20.0) | toolkit | 450 | 330 | 220 |")
+    rows = [row(), row(layout="2x2"), row(controller="gloo")]
+    lines = network.table(network.analyse(result(rows))).splitlines()
+    assert len(lines) == 2 + 3 * 2
+    assert lines[2].startswith("| 1gbit (100) | 2x1 | mpi | m (20.0) | toolkit | 450 | 330 | 220 |")
+    assert lines[6].startswith("| 1gbit (100) | 2x1 | gloo | m (20.0) | toolkit | 450 |")
