@@ -696,8 +696,17 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
     hosts, slots = 2, LAYOUTS[row["layout"]][1] // 2
     mode = variant.setting("optimizer.reduction", _default("reduction"))
     reduction = _reduction_rule(mode, [slots] * hosts)
+    # The cluster's hosts have one CPU each, which one rank's compute fills and two oversubscribe:
+    # no core is spare.
+    spare = False
     if variant.kind == "mwms":  # Keras 2 reduces the gradients in apply_gradients, packed
-        return {"wire_bytes": total, "buffers": 1, "last_bytes": None, "reduction": "flat"}
+        return {
+            "wire_bytes": total,
+            "buffers": 1,
+            "last_bytes": None,
+            "reduction": "flat",
+            "spare_cpu": spare,
+        }
     if variant.kind != "toolkit":
         buffers = max(1, math.ceil(total / (64 * buckets.MIB)))
         return {
@@ -705,15 +714,15 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
             "buffers": buffers,
             "last_bytes": sizes[0],
             "reduction": "flat",
+            "spare_cpu": spare,
         }
     bucket_mb = variant.setting("optimizer.bucket_mb", _default("bucket_mb"))
     chosen = None if bucket_mb in ("null", "~", "") else float(bucket_mb)
-    # The cluster's hosts have one CPU each, which one rank's compute fills and two oversubscribe.
     size = buckets.bucket_bytes(
         total,
         hosts,
         chosen,
-        spare_cpu=False,
+        spare_cpu=spare,
         oversubscribed=slots > 1,
         gloo=controller(row) == "gloo",
     )
@@ -724,6 +733,7 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
         "buffers": len(layout),
         "last_bytes": last,
         "reduction": reduction,
+        "spare_cpu": spare,
     }
 
 
@@ -772,6 +782,7 @@ def analyse(result: dict) -> dict:
                 buffers=inputs["buffers"],
                 last_bytes=inputs["last_bytes"],
                 reduction=inputs["reduction"],
+                spare_cpu=inputs["spare_cpu"],
             )
             v["plan_inputs"] = inputs
             v["predicted_step_ms"] = 1e3 * predicted["step"]

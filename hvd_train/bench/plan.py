@@ -308,6 +308,7 @@ def cluster_step(
     last_bytes: float | None = None,
     reduction: str = "flat",
     cycle_ms: float = 1.0,
+    spare_cpu: bool = True,
 ) -> dict[str, float]:
     """The step of a job of `hosts` x `slots` ranks whose host links all run at `link`, in seconds.
 
@@ -316,7 +317,10 @@ def cluster_step(
     every gradient exists) step = compute + comm. With overlap (buckets, or Horovod's per-tensor
     allreduce, issued as the gradients exist) only the last collective, of `last_bytes`, must wait
     for the whole backward pass, and the link cannot carry more than comm after the forward pass:
-    step = max(compute + comm(last), forward + comm + update).
+    step = max(compute + comm(last), forward + comm + update). Overlap needs a CPU to move the
+    buckets while the backward pass runs: where no core is spare (`spare_cpu` False: CPU-only
+    hosts whose ranks' compute fills every core, `core.placement.spare_cpu`), the collectives
+    take their time from the compute, and step = compute + comm whatever the buckets.
 
     Args:
       compute: the step without communication (`Compute`).
@@ -328,6 +332,7 @@ def cluster_step(
         pass; None where it starts only after it.
       reduction: "flat" or "two_level" (`cross_host_bytes`).
       cycle_ms: Horovod's cycle time.
+      spare_cpu: every host keeps a core free of the compute (or computes on GPUs).
 
     Returns:
       compute, transfer, latency, comm, last (the collective no overlap can hide), step,
@@ -351,7 +356,7 @@ def cluster_step(
 
     transfer, latency = comm_of(gradient_bytes, buffers)
     comm = transfer + latency
-    if last_bytes is None:
+    if last_bytes is None or not spare_cpu:
         last = comm
         step = compute.step_s + comm
     else:

@@ -109,6 +109,7 @@ def test_plan_inputs_of_per_tensor_allreduce_end_with_the_first_layer():
         "buffers": 1,
         "last_bytes": SIZES[0],
         "reduction": "flat",
+        "spare_cpu": False,
     }
 
 
@@ -119,6 +120,7 @@ def test_plan_inputs_of_mwms_reduce_after_the_backward_pass():
         "buffers": 1,
         "last_bytes": None,
         "reduction": "flat",
+        "spare_cpu": False,
     }
 
 
@@ -147,6 +149,7 @@ def test_analyse_hidden_fraction_and_residual_closed_forms():
         1,
         buffers=inputs["buffers"],
         last_bytes=inputs["last_bytes"],
+        spare_cpu=inputs["spare_cpu"],
     )
     assert v["predicted_step_ms"] == pytest.approx(1e3 * expected["step"])
     assert v["residual"] == pytest.approx(450 / v["predicted_step_ms"] - 1)

@@ -88,6 +88,18 @@ def test_cluster_step_with_overlap_is_bound_by_the_link_or_by_the_last_bucket():
     assert flat["step"] - slow["step"] == pytest.approx(0.35 - 0.1 - 0.05)
 
 
+def test_cluster_step_without_a_spare_core_hides_nothing_whatever_the_buckets():
+    busy = plan.cluster_step(
+        COMPUTE, LINK, 1e8, 2, 1, buffers=4, last_bytes=2.5e7, cycle_ms=0, spare_cpu=False
+    )
+    serial = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, buffers=4, cycle_ms=0)
+    assert busy == serial
+    assert busy["step"] == pytest.approx(0.35 + busy["comm"]) and busy["hidden"] == 0.0
+    # Negative control: the same buckets with a core spare hide part of the allreduce.
+    spare = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 1, buffers=4, last_bytes=2.5e7, cycle_ms=0)
+    assert spare["step"] == pytest.approx(busy["step"] - 0.2) and spare["hidden"] > 0.1
+
+
 def test_cluster_step_two_level_sends_less_across_at_two_slots():
     flat = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 2, cycle_ms=0)
     two = plan.cluster_step(COMPUTE, LINK, 1e8, 2, 2, reduction="two_level", cycle_ms=0)
