@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_train.core import network, processes
+from hvd_train.core import network, placement, processes
 from hvd_train.core.environment import LauncherEnvironmentError
 
 # Environment a rank needs from the launching shell; mpirun does not forward it by itself.
@@ -314,6 +314,8 @@ def build(
         or horovodrun would need an interface name this host lacks.
     """
     srun_options = {"nodes": nodes, "cpus_per_task": cpus_per_task, "gpus_per_task": gpus_per_task}
+    if launcher == "auto":
+        launcher = choose_launcher(hosts, np)[0]
     if launcher == "srun":
         if hosts:
             raise ValueError("srun places ranks on the SLURM allocation; hosts are not used")
@@ -382,12 +384,62 @@ def remote_shell(launcher: str) -> list[str]:
     return shlex.split(agent.split(":")[0]) or ["ssh"]
 
 
-LAUNCHERS = ("mpirun", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
+def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
+    """The launcher `auto` runs `np` ranks with on `hosts` ("name:slots" entries, filled in
+    order as both launchers fill them; None: this host), and why.
+
+    horovodrun's Gloo where `core.placement.prefers_gloo` says so of the hosts that get ranks,
+    each asked for its CPUs and GPUs (`core.placement.probe`, over Open MPI's agent or ssh as
+    mpirun reaches them), and this host is one of them; mpirun elsewhere, without asking where
+    every host is this one.
+
+    Raises:
+      ValueError: a host entry whose slots are no positive number.
+      LauncherEnvironmentError: a host that does not answer the probe.
+    """
+    slots: dict[str, int] = {}
+    left = np
+    for entry in hosts or []:
+        name, colon, count = entry.rpartition(":")
+        if not colon:
+            name, count = entry, "1"
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"host {entry!r}: slots must be a positive number")
+        taken = min(int(count), left)
+        if taken:
+            slots[name] = slots.get(name, 0) + taken
+        left -= taken
+    others = network.other_hosts(list(slots))
+    if not others:
+        return "mpirun", "every rank on this host"
+    answers = network.ask_hosts(
+        others, ["hvd_train.core.placement"], remote_shell("mpirun"), "CPU and GPU probe"
+    )
+    here = placement.probe()
+    loads = []
+    for name, count in slots.items():
+        found = answers.get(name, here)
+        loads.append(placement.host_load(found["cpus"], count, found["gpus"]))
+    shown = ", ".join(
+        f"{name}: {count} rank(s), {cpus} CPU(s), {gpus} GPU(s)"
+        for (name, count), (cpus, _, gpus) in zip(slots.items(), loads, strict=True)
+    )
+    if not placement.prefers_gloo(loads):
+        return "mpirun", f"not every host is CPU-only with its cores filled by the ranks ({shown})"
+    if len(others) == len(slots):
+        # horovodrun's driver finds the job's interface by name here: from outside the job's
+        # hosts it may find none (`_check_one_name`), and mpirun runs from anywhere.
+        return "mpirun", f"Gloo would suit the hosts ({shown}), but horovodrun must run on one"
+    return "horovodrun-gloo", f"CPU-only hosts whose ranks' compute fills every core ({shown})"
+
+
+LAUNCHERS = ("mpirun", "auto", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
 
 
 LAUNCH_HELP = """Start N workers of a command under mpirun (default), horovodrun (Gloo or MPI) or
-srun. The launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP) are passed
-on to the workers, who stop at an agreed step and checkpoint; the exit code is the job's."""
+srun; auto chooses between mpirun and horovodrun's Gloo from the hosts' CPUs and GPUs. The
+launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP) are passed on to the
+workers, who stop at an agreed step and checkpoint; the exit code is the job's."""
 
 
 def make_parser(prog: str) -> argparse.ArgumentParser:
@@ -426,6 +478,15 @@ def parse(
         parser.error("no command given after --")
     if args.np < 1:
         parser.error(f"--np must be >= 1, got {args.np}")
+    if args.launcher == "auto":
+        # The launcher is chosen once, here: the rest of the launch (its signals, its output
+        # filters) follows the chosen one.
+        try:
+            hosts = args.hosts.split(",") if args.hosts else read_hostfile(args.hostfile)
+            args.launcher, why = choose_launcher(hosts, args.np)
+        except (ValueError, LauncherEnvironmentError) as err:
+            parser.error(str(err))
+        print(f"launch: --launcher auto: {args.launcher} ({why})", file=sys.stderr, flush=True)
     return args, command
 
 

@@ -18,6 +18,7 @@ import socket
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hvd_train.core.environment import LauncherEnvironmentError
 
@@ -286,11 +287,28 @@ def probe_hosts(
       LauncherEnvironmentError: a host that does not answer within PROBE_TIMEOUT_S, or whose
         answer is no probe result.
     """
+    answers = ask_hosts(hosts, ["hvd_train.core.network", spec], remote_shell, "network probe")
+    return {
+        host: Interface(a["name"], a["address"], ipaddress.ip_network(a["network"])) if a else None
+        for host, a in answers.items()
+    }
+
+
+def ask_hosts(
+    hosts: Sequence[str], module: Sequence[str], remote_shell: Sequence[str], what: str
+) -> dict[str, Any]:
+    """Each host's answer to `python -m MODULE ARGS...` (`module`), run there over `remote_shell`
+    in parallel with this Python's path: the JSON of its last line of output.
+
+    Raises:
+      LauncherEnvironmentError: a host that does not answer within PROBE_TIMEOUT_S, or whose
+        last line is no JSON; `what` names the probe.
+    """
     import json
     import subprocess
     import sys
 
-    remote = shlex.join([sys.executable, "-m", "hvd_train.core.network", spec])
+    remote = shlex.join([sys.executable, "-m", *module])
     started = {
         host: subprocess.Popen(
             [*remote_shell, host, remote],
@@ -301,29 +319,25 @@ def probe_hosts(
         )
         for host in hosts
     }
-    found: dict[str, Interface | None] = {}
+    found: dict[str, Any] = {}
     for host, proc in started.items():
         try:
             out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+            for other in started.values():
+                other.kill()
+                other.communicate()
             raise LauncherEnvironmentError(
-                f"host {host} did not answer the network probe in {PROBE_TIMEOUT_S} s "
+                f"host {host} did not answer the {what} in {PROBE_TIMEOUT_S} s "
                 f"({shlex.join(remote_shell)})"
             ) from None
         try:
-            answer = json.loads(out.strip().splitlines()[-1])
+            found[host] = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
             last = (err.strip().splitlines() or ["no output"])[-1]
             raise LauncherEnvironmentError(
-                f"host {host}: the network probe failed (exit {proc.returncode}): {last}"
+                f"host {host}: the {what} failed (exit {proc.returncode}): {last}"
             ) from None
-        found[host] = (
-            Interface(answer["name"], answer["address"], ipaddress.ip_network(answer["network"]))
-            if answer
-            else None
-        )
     return found
 
 

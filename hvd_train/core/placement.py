@@ -76,6 +76,39 @@ def oversubscribed(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool
     return any(not gpu and threads > cpus for cpus, threads, gpu in _host_loads(ranks))
 
 
+def host_load(cpus: int, slots: int, gpus: int) -> tuple[int, int, int]:
+    """One host's (CPUs for the job, compute threads, GPUs), as `_host_loads` finds it once the
+    job runs, for `slots` unbound ranks that each take their share of `cpus`
+    (`compute_threads`): what a launcher can know of a host before it starts the ranks."""
+    return cpus, slots * compute_threads(cpus, cpus, slots), gpus
+
+
+def prefers_gloo(loads: Sequence[tuple[int, int, int]]) -> bool:
+    """Whether Horovod's Gloo controller is the one to run a job on hosts of these (CPUs, compute
+    threads, GPUs), `_host_loads` or `host_load`: two hosts or more, each CPU-only, its ranks'
+    threads exactly filling its CPUs (no core spare, none shared). There the same jobs step
+    faster under Gloo than under Open MPI (docs/network.md, "Both controllers in one run"); on
+    one host, on GPUs, with a core spare or with ranks taking turns on a core, Open MPI is level
+    or ahead and stays."""
+    return len(loads) > 1 and all(not gpu and threads == cpus for cpus, threads, gpu in loads)
+
+
+def gloo_preferred(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool:
+    """`prefers_gloo` for a running job, from the same per-rank tuples as `spare_cpu`."""
+    return prefers_gloo(_host_loads(ranks))
+
+
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU while NVIDIA's driver runs
+
+
+def probe() -> dict[str, int]:
+    """The CPUs a job's ranks get on this host (its affinity mask, which processes started here
+    inherit, within `host_cpu_count`) and its NVIDIA GPUs, read without TensorFlow: a launcher
+    asks every host before the ranks start."""
+    gpus = len(list(NVIDIA_GPUS.iterdir())) if NVIDIA_GPUS.is_dir() else 0
+    return {"cpus": min(host_cpu_count(), affinity_cpu_count()), "gpus": gpus}
+
+
 def host_cpu_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """CPUs the host gives this job: the cgroup's cpuset and CPU quota (containers), else all."""
     cpus = os.cpu_count() or 1
@@ -220,3 +253,15 @@ def gloo_cycle_time_ms(
         return None
     cycle = math.sqrt(2.0 * cycle_cost_ms * step_ms)
     return round(max(HOROVOD_DEFAULT_CYCLE_MS, min(cycle, step_ms / 4)), 1)
+
+
+def main() -> int:
+    """`python -m hvd_train.core.placement`: `probe()` as one JSON line."""
+    import json
+
+    print(json.dumps(probe()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

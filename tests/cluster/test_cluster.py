@@ -217,6 +217,39 @@ def test_a_job_on_the_decoy_is_refused(cluster: Cluster, where, override: str, r
     assert not (cluster.state / "shared" / "decoy").exists()
 
 
+def test_auto_launcher_chooses_by_the_hosts_cores(cluster: Cluster):
+    """`--launcher auto` asks h1 and h2 for their CPUs and GPUs over ssh before any worker
+    starts: one rank on each one-CPU host fills it, and the job runs under horovodrun's Gloo;
+    two ranks per host take turns on its core, and mpirun stays, as it does for a launch from
+    outside the hosts."""
+    run_dir = cluster.state / "shared" / "auto"
+    auto = ["--launcher", "auto", "--"]
+    job = jobs.run(
+        [*LAUNCH, *HVD_TRAIN, *TWO, *auto, *TRAIN, "--set", f"run_dir={run_dir}"],
+        600,
+        env=cluster.env(),
+    )
+    assert job.returncode == 0, job.tail()
+    filled = "h1: 1 rank(s), 1 CPU(s), 0 GPU(s), h2: 1 rank(s), 1 CPU(s), 0 GPU(s)"
+    assert (
+        "launch: --launcher auto: horovodrun-gloo (CPU-only hosts whose ranks' compute fills "
+        f"every core ({filled}))"
+    ) in job.output, job.tail()
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["controller"] == "gloo" and run["hosts"] == {"h1": [0], "h2": [1]}
+    four = ["launch", "--np", "4", "--hosts", "h1:2,h2:2", "--dry-run", *auto, *TRAIN]
+    shared = jobs.run([*LAUNCH, *HVD_TRAIN, *four], 120, env=cluster.env())
+    assert shared.returncode == 0, shared.tail()
+    assert "launch: --launcher auto: mpirun (not every host" in shared.output
+    assert "h2: 2 rank(s), 1 CPU(s), 0 GPU(s)" in shared.output
+    assert re.search(r"^mpirun -np 4 ", shared.output, re.M), shared.tail()
+    # From outside the hosts (the root namespace) horovodrun is refused: auto stays with mpirun.
+    outside = jobs.run([*HVD_TRAIN, *TWO, "--dry-run", *auto, *TRAIN], 120, env=cluster.env())
+    assert outside.returncode == 0, outside.tail()
+    assert f"Gloo would suit the hosts ({filled}), but horovodrun must run on one" in outside.output
+    assert re.search(r"^mpirun -np 2 ", outside.output, re.M), outside.tail()
+
+
 def test_horovodrun_from_outside_the_hosts_is_refused(cluster: Cluster):
     argv = [*HVD_TRAIN, "launch", "--np", "2", "--hosts", "h1:1,h2:1", "--launcher", "horovodrun"]
     job = jobs.run([*argv, "--", *TRAIN], 60, env=cluster.env())

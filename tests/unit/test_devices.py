@@ -1,5 +1,7 @@
 """Thread and GPU placement rules (pure functions)."""
 
+import json
+
 import pytest
 
 from hvd_train.core import placement as devices
@@ -137,6 +139,44 @@ def test_spare_cpu_per_host_from_the_ranks_affinity(ranks, expected):
 )
 def test_oversubscribed_when_a_hosts_threads_exceed_its_cpus(ranks, expected):
     assert devices.oversubscribed(ranks) is expected
+
+
+@pytest.mark.parametrize(
+    ("ranks", "expected"),
+    [
+        # The cluster of tests/cluster at one slot per host: filled, none shared.
+        ([("h1", [0], 1, 0), ("h2", [1], 1, 0)], True),
+        # Two slots per one-CPU host: the ranks take turns on the core.
+        ([("h1", [0], 1, 0), ("h1", [0], 1, 0), ("h2", [1], 1, 0), ("h2", [1], 1, 0)], False),
+        # Two 8-core hosts, 2 ranks of 4 threads each: filled.
+        ([(h, range(8), 4, 0) for h in ("a", "a", "b", "b")], True),
+        # A core spare on one host.
+        ([("a", range(8), 4, 0), ("a", range(8), 3, 0), ("b", range(8), 8, 0)], False),
+        # GPUs compute.
+        ([("h1", [0], 1, 1), ("h2", [1], 1, 1)], False),
+        # One host.
+        ([("h1", [0], 1, 0), ("h1", [1], 1, 0)], False),
+    ],
+)
+def test_gloo_is_preferred_only_where_cpu_only_hosts_are_exactly_filled(ranks, expected):
+    assert devices.gloo_preferred(ranks) is expected
+
+
+@pytest.mark.parametrize(
+    ("cpus", "slots", "gpus", "load"),
+    [(1, 1, 0, (1, 1, 0)), (1, 2, 0, (1, 2, 0)), (16, 2, 0, (16, 16, 0)), (3, 2, 1, (3, 2, 1))],
+)
+def test_host_load_before_the_ranks_start(cpus, slots, gpus, load):
+    assert devices.host_load(cpus, slots, gpus) == load
+    assert devices.prefers_gloo([load, load]) is (not gpus and load[1] == cpus)
+
+
+def test_probe_answers_one_json_line(capsys):
+    assert devices.main() == 0
+    answer = json.loads(capsys.readouterr().out)
+    cpus = min(devices.host_cpu_count(), devices.affinity_cpu_count())
+    assert answer == {"cpus": cpus, "gpus": answer["gpus"]}
+    assert answer["gpus"] >= 0
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hvd_train import cli
-from hvd_train.core import launch
+from hvd_train.core import launch, placement
 
 CMD = ["python", "train.py", "--epochs", "2"]
 
@@ -634,3 +634,62 @@ def test_launch_with_hostfile_and_hosts_is_a_usage_error(tmp_path, capsys):
     code = cli.main(["launch", "--hosts", "a:1", "--hostfile", "f", "--dry-run", "--", "train"])
     assert code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+# A remote shell (as Open MPI's agent) that runs the probe here, whatever the host: every "host"
+# then has this host's CPUs and GPUs.
+HERE_AGENT = "sh -c 'eval \"$1\"'"
+
+
+def test_auto_asks_the_hosts_and_takes_gloo_only_where_the_ranks_fill_cpu_only_cores(
+    monkeypatch,
+):
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", HERE_AGENT)
+    found = placement.probe()
+    if found["gpus"]:
+        pytest.skip("this host has GPUs: auto keeps mpirun on any slots")
+    cpus = found["cpus"]
+    # One rank per core on this host and on another: filled, none shared.
+    chosen, why = launch.choose_launcher([f"localhost:{cpus}", f"fake-b:{cpus}"], 2 * cpus)
+    assert chosen == "horovodrun-gloo"
+    assert f"fake-b: {cpus} rank(s), {cpus} CPU(s), 0 GPU(s)" in why
+    # One rank per host, its threads taking every core: filled as well.
+    assert launch.choose_launcher(["localhost:1", "fake-b:1"], 2)[0] == "horovodrun-gloo"
+    # More ranks than cores: they take turns on a core.
+    assert launch.choose_launcher([f"localhost:{cpus + 1}", "fake-b:1"], cpus + 2)[0] == "mpirun"
+    # The ranks fill the first host and never reach the second: one host.
+    assert launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus)[0] == "mpirun"
+    # Launched from outside the job's hosts: horovodrun's driver may not find the interface.
+    chosen, why = launch.choose_launcher(["fake-a:1", "fake-b:1"], 2)
+    assert chosen == "mpirun" and why.endswith("but horovodrun must run on one")
+    # A host whose shell runs on one CPU (a binding, as the test cluster's): two ranks share it.
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", f"taskset -c 0 {HERE_AGENT}")
+    chosen, why = launch.choose_launcher([f"localhost:{cpus}", "fake-b:2"], cpus + 2)
+    assert chosen == "mpirun" and "fake-b: 2 rank(s), 1 CPU(s), 0 GPU(s)" in why
+    assert launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1)[0] == (
+        "horovodrun-gloo"
+    )
+
+
+def test_auto_on_this_host_asks_nothing_and_runs_mpirun(monkeypatch, capsys):
+    monkeypatch.setattr(launch, "ompi_major_version", lambda: 4)
+    # A probe would fail: this agent answers nothing.
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", "false")
+    assert launch.main(["--launcher", "auto", "--dry-run", "--", *CMD]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("mpirun ")
+    assert err == "launch: --launcher auto: mpirun (every rank on this host)\n"
+
+
+def test_auto_names_a_host_that_does_not_answer(monkeypatch, capsys):
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", "false")
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--launcher", "auto", "--hosts", "fake-a:1,fake-b:1", "--dry-run", "--", "x"])
+    assert exit_info.value.code == 2
+    assert "host fake-a: the CPU and GPU probe failed (exit 1)" in capsys.readouterr().err
+
+
+def test_auto_refuses_slots_that_are_no_number(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--launcher", "auto", "--hosts", "fake-a:x", "--dry-run", "--", "x"])
+    assert "host 'fake-a:x': slots must be a positive number" in capsys.readouterr().err
