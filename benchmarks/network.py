@@ -343,6 +343,10 @@ def worker(
         "variants": {},
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
+        # Horovod's loop: its cycle (the toolkit's Gloo rule sets it at init) and, on the
+        # installer's build, its cycle while a tensor waits for the other ranks'.
+        "horovod_cycle_time_ms": float(os.environ.get("HOROVOD_CYCLE_TIME", "1")),
+        "pending_cycle_time_ms": comm.pending_cycle_time_ms(),
     }
     for variant in variants:
         started = time.perf_counter()

@@ -18,7 +18,9 @@ Contestants (`CONTESTANTS`):
   horovod-<l>      Horovod's own Keras recipe (classic stack only): hvd.DistributedOptimizer,
                    BroadcastGlobalVariablesCallback(0), MetricAverageCallback()
   mwms             TensorFlow's MultiWorkerMirroredStrategy, np local workers with TF_CONFIG
-A contestant name may end in `@cycle=<ms>` to run it with HOROVOD_CYCLE_TIME set to that value.
+A contestant name may end in `@cycle=<ms>` to run it with HOROVOD_CYCLE_TIME set to that value, and
+in `@pending=<ms>` for HOROVOD_PENDING_CYCLE_TIME (the installer's patched Horovod: its loop's cycle
+while a tensor waits for the other ranks').
 
     python -m benchmarks.peers compare --np 2 --repeats 5 --name peers-classic \\
         ceiling mwms horovod-gloo horovod-mpirun toolkit-mpirun toolkit-gloo
@@ -238,23 +240,29 @@ CONTESTANTS = (
 )
 
 
+# A contestant's `@key=ms` suffixes: the Horovod setting each sets.
+SUFFIXES = {"cycle": "HOROVOD_CYCLE_TIME", "pending": "HOROVOD_PENDING_CYCLE_TIME"}
+
+
 def contestant(name: str) -> Contestant:
-    """Parse a contestant name ("toolkit-gloo", "toolkit-gloo@cycle=20", ...).
+    """Parse a contestant name ("toolkit-gloo", "toolkit-gloo@cycle=20@pending=5", ...).
 
     Raises:
-      ValueError: an unknown name or a malformed `@cycle=` suffix.
+      ValueError: an unknown name or a malformed `@` suffix.
     """
-    base, _, suffix = name.partition("@")
+    base, *suffixes = name.split("@")
     env: dict[str, str] = {}
-    if suffix:
+    for suffix in suffixes:
         key, _, value = suffix.partition("=")
         try:
-            cycle = float(value)
+            ms = float(value)
         except ValueError:
-            cycle = -1.0
-        if key != "cycle" or cycle < 0:
-            raise ValueError(f"contestant {name!r}: the suffix must be @cycle=<ms >= 0>")
-        env["HOROVOD_CYCLE_TIME"] = value
+            ms = -1.0
+        if key not in SUFFIXES or ms < 0:
+            raise ValueError(
+                f"contestant {name!r}: a suffix must be @cycle=<ms >= 0> or @pending=<ms >= 0>"
+            )
+        env[SUFFIXES[key]] = value
     if base not in CONTESTANTS:
         raise ValueError(f"unknown contestant {base!r}; known: {', '.join(CONTESTANTS)}")
     if base == "ceiling":
@@ -446,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--step-ms", type=float, help="toolkit: expected step time [unknown]")
     w.add_argument("--out", type=Path, help="rank 0 writes its result here")
     c = sub.choices["compare"]
-    c.add_argument("contestants", nargs="+", help=f"of {', '.join(CONTESTANTS)}[@cycle=MS]")
+    c.add_argument(
+        "contestants", nargs="+", help=f"of {', '.join(CONTESTANTS)}[@cycle=MS][@pending=MS]"
+    )
     c.add_argument("--np", type=int, default=2, help="workers [2]")
     c.add_argument("--repeats", type=int, default=5, help="rounds [5]")
     c.add_argument("--reference", help="ratios to this contestant [the first]")

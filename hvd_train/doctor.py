@@ -129,6 +129,9 @@ def run(out: TextIO) -> int:
             "wakes_on_enqueue": "wake on enqueue",
             "gloo_keeps_send_buffer": "gloo send buffer",
         }
+        pending = runtime.pending_cycle_time_ms()
+        if pending is not None:
+            patches["wakes_on_enqueue"] += f" (pending cycle {pending:g} ms)"
         patched = ", ".join(text for key, text in patches.items() if built.get(key))
         patched = patched or "none (not the installer's)"
         rows.append(("horovod patches", patched))

@@ -74,6 +74,20 @@ def wakes_on_enqueue() -> bool:
     return hasattr(mpi_ops._basics.MPI_LIB_CTYPES, "horovod_wakes_on_enqueue")
 
 
+def pending_cycle_time_ms() -> float | None:
+    """The patched loop's cycle while a tensor enqueued here waits for the other ranks' (ms;
+    HOROVOD_PENDING_CYCLE_TIME, read once by the library), or None on a build without it."""
+    import ctypes
+
+    from horovod.tensorflow import mpi_ops
+
+    lib = mpi_ops._basics.MPI_LIB_CTYPES
+    if not hasattr(lib, "horovod_pending_cycle_time_ms"):
+        return None
+    lib.horovod_pending_cycle_time_ms.restype = ctypes.c_double
+    return float(lib.horovod_pending_cycle_time_ms())
+
+
 def keeps_gloo_send_buffer() -> bool:
     """True where Horovod was built with hvd_train's gloo-send-buffer patch (mpi_scripts/patches):
     Gloo's TCP pairs never shrink the kernel's send buffer, so a ReduceScatter does not slow every

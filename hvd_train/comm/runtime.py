@@ -298,6 +298,13 @@ def build_info() -> dict[str, bool]:
     return backend.build_info()
 
 
+def pending_cycle_time_ms() -> float | None:
+    """How soon Horovod's loop comes back while a tensor enqueued here waits for the other
+    ranks' (ms; HOROVOD_PENDING_CYCLE_TIME on the installer's build, docs/performance.md); None
+    on a build without hvd_train's patch."""
+    return backend.pending_cycle_time_ms()
+
+
 def mpi_threads_supported() -> bool:
     """Whether this job's MPI runs with multi-threading (so mpi4py may share it); after init.
 

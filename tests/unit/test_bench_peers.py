@@ -12,6 +12,8 @@ def test_contestants_parse():
     gloo = peers.contestant("toolkit-gloo@cycle=20")
     assert (gloo.kind, gloo.mode, gloo.launcher) == ("launched", "toolkit", "horovodrun-gloo")
     assert gloo.env == {"HOROVOD_CYCLE_TIME": "20"}
+    both = peers.contestant("toolkit-gloo@cycle=50@pending=5")
+    assert both.env == {"HOROVOD_CYCLE_TIME": "50", "HOROVOD_PENDING_CYCLE_TIME": "5"}
     assert peers.contestant("horovod-mpirun").launcher == "mpirun"
     assert peers.contestant("mwms").kind == "mwms"
 
@@ -21,7 +23,8 @@ def test_contestants_parse():
     [
         ("horovod", "unknown contestant 'horovod'"),
         ("toolkit-gloo@cycle=-1", "@cycle=<ms >= 0>"),
-        ("toolkit-gloo@fusion=1", "@cycle=<ms >= 0>"),
+        ("toolkit-gloo@fusion=1", "@cycle=<ms >= 0> or @pending"),
+        ("toolkit-gloo@pending=x", "@pending=<ms >= 0>"),
     ],
 )
 def test_contestant_errors_name_the_value(name, message):

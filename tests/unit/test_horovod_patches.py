@@ -6,7 +6,9 @@ build without the patch must not report it. What the second patch fixes is check
 parallel suite (tests/parallel/test_collectives.py: no socket below the kernel's send buffer).
 """
 
+import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -44,3 +46,21 @@ def test_every_patch_applies_to_horovods_source_and_only_once(tmp_path):
     assert "horovod_wakes_on_enqueue" in (src / "horovod/common/operations.cc").read_text()
     gloo = (src / "horovod/common/ops/gloo_operations.cc").read_text()
     assert "horovod_gloo_keeps_send_buffer" in gloo
+
+
+def test_the_pending_cycle_is_read_from_the_environment():
+    """HOROVOD_PENDING_CYCLE_TIME sets the loop's cycle while a tensor waits (0 included); a value
+    that is not a number of ms >= 0 falls back to the 1 ms default. The library reads it once, so
+    each value runs in a process of its own (in parallel)."""
+    probe = "from hvd_train import comm; print(comm.pending_cycle_time_ms())"
+    cases = {None: 1.0, "2.5": 2.5, "0": 0.0, "soon": 1.0}
+    runs = {}
+    for value in cases:
+        env = {k: v for k, v in os.environ.items() if k != "HOROVOD_PENDING_CYCLE_TIME"}
+        if value is not None:
+            env["HOROVOD_PENDING_CYCLE_TIME"] = value
+        runs[value] = subprocess.Popen(
+            [sys.executable, "-c", probe], env=env, stdout=subprocess.PIPE, text=True
+        )
+    read = {value: float(run.communicate(timeout=120)[0].split()[-1]) for value, run in runs.items()}
+    assert read == cases
