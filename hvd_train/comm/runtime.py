@@ -189,6 +189,11 @@ def _tune_before_start(
     """Settings Open MPI and Horovod read at their start, derived where the user set none."""
     if threads is None or launcher.local_size is None:
         return
+    # What the rules weigh the compute against: the CPUs the job has here, which a binding
+    # narrows as much as a cgroup does.
+    host = placement.job_cpus_before_start(
+        placement.affinity_cpu_count(), host, launcher.local_size
+    )
     if (
         launcher.controller == "mpi"
         and not launcher.user_set_mpi_yield

@@ -123,6 +123,18 @@ def host_cpu_count(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     return cpus
 
 
+def job_cpus_before_start(mask_cpus: int, host_cpus: int, local_size: int) -> int:
+    """The CPUs this host gives the job's ranks, as one rank can tell before Horovod starts (no
+    other rank's mask is known yet): its own mask times the ranks on the host, within the host.
+
+    That is the union of the ranks' masks (`_host_loads`, once the job runs) where the ranks are
+    bound to disjoint CPUs (`mpirun --bind-to core`, `srun --cpu-bind`, pinned test hosts) or
+    unbound, and an upper bound where their masks overlap. So compute threads that reach it fill
+    the host's CPUs (or oversubscribe them) whatever the other masks are. `host_cpus` alone
+    counts every core of a machine whose ranks a binding, not a cgroup, confines."""
+    return min(host_cpus, mask_cpus * local_size)
+
+
 def parse_cpu_list(text: str) -> int:
     """Number of CPUs in a Linux CPU list such as "0-3,8,10-11" (cpuset format)."""
     count = 0

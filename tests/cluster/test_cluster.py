@@ -237,6 +237,9 @@ def test_auto_launcher_chooses_by_the_hosts_cores(cluster: Cluster):
     ) in job.output, job.tail()
     run = json.loads((run_dir / "run.json").read_text())
     assert run["controller"] == "gloo" and run["hosts"] == {"h1": [0], "h2": [1]}
+    # Each rank is pinned to its host's one CPU (of the machine's two): the Gloo cycle rule
+    # counts the pinned CPU, and the installer's Horovod takes the long cycle.
+    assert run["horovod_env"].get("HOROVOD_CYCLE_TIME") == "50", run["horovod_env"]
     four = ["launch", "--np", "4", "--hosts", "h1:2,h2:2", "--dry-run", *auto, *TRAIN]
     shared = jobs.run([*LAUNCH, *HVD_TRAIN, *four], 120, env=cluster.env())
     assert shared.returncode == 0, shared.tail()

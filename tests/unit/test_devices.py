@@ -62,6 +62,29 @@ def test_mpi_yields_when_compute_threads_fill_the_host(threads, local_size, host
 
 
 @pytest.mark.parametrize(
+    ("mask", "host", "local_size", "cpus"),
+    [
+        (1, 2, 1, 1),  # the test cluster: one rank pinned to one CPU of a 2-core machine
+        (16, 16, 2, 16),  # unbound ranks see the whole host
+        (1, 16, 4, 4),  # bound to a core each (--bind-to core): the union of the masks
+        (4, 8, 4, 8),  # masks that overlap: at most the host
+    ],
+)
+def test_job_cpus_before_start_count_the_bound_ranks_cpus(mask, host, local_size, cpus):
+    assert devices.job_cpus_before_start(mask, host, local_size) == cpus
+
+
+def test_a_pinned_rank_fills_its_host_for_the_start_rules():
+    """One rank with one compute thread pinned to one of two cores fills its share: the MPI
+    yield and the Gloo cycle rules take it as a full host (counting the whole machine they did
+    not)."""
+    cpus = devices.job_cpus_before_start(1, 2, 1)
+    assert devices.mpi_should_yield(1, 1, cpus, 0)
+    assert devices.gloo_cycle_time_ms("gloo", 0, 1, 1, cpus, None, wakes_on_enqueue=True) == 50
+    assert not devices.mpi_should_yield(1, 1, 2, 0)  # negative control: the whole machine
+
+
+@pytest.mark.parametrize(
     ("controller", "gpus", "threads", "local_size", "host", "step_ms", "expected"),
     [
         ("gloo", 0, 1, 2, 2, 250.0, 27.4),  # our CI: ResNet-20, two 1-thread ranks on 2 cores
