@@ -62,5 +62,6 @@ def test_the_pending_cycle_is_read_from_the_environment():
         runs[value] = subprocess.Popen(
             [sys.executable, "-c", probe], env=env, stdout=subprocess.PIPE, text=True
         )
-    read = {value: float(run.communicate(timeout=120)[0].split()[-1]) for value, run in runs.items()}
+    outputs = {value: run.communicate(timeout=120)[0] for value, run in runs.items()}
+    read = {value: float(out.split()[-1]) for value, out in outputs.items()}
     assert read == cases
