@@ -154,14 +154,6 @@ def init(
         mine = (socket.gethostname(), placement.affinity_cpus(), threads, len(physical))
         ranks = [mine] if local.size == 1 else collectives.allgather_object(mine)
         _spare_cpu, _oversubscribed = placement.spare_cpu(ranks), placement.oversubscribed(ranks)
-        if local.rank == 0 and launcher.controller == "mpi" and placement.gloo_preferred(ranks):
-            # A warning: init runs before the training's log handler exists, and a user's own
-            # script may set none.
-            log.warning(
-                "every host of this job is CPU-only and its ranks' compute fills its cores: "
-                "there Horovod's Gloo controller steps faster than Open MPI "
-                "(hvd-train launch --launcher auto or horovodrun; docs/network.md)"
-            )
 
 
 def onednn_enabled() -> bool | None:

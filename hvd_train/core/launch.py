@@ -388,10 +388,12 @@ def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
     """The launcher `auto` runs `np` ranks with on `hosts` ("name:slots" entries, filled in
     order as both launchers fill them; None: this host), and why.
 
-    horovodrun's Gloo where `core.placement.prefers_gloo` says so of the hosts that get ranks,
-    each asked for its CPUs and GPUs (`core.placement.probe`, over Open MPI's agent or ssh as
-    mpirun reaches them), and this host is one of them; mpirun elsewhere, without asking where
-    every host is this one.
+    mpirun, after asking each other host that gets ranks for its CPUs and GPUs
+    (`core.placement.probe`, over Open MPI's agent or ssh as mpirun reaches them): where the
+    ranks exactly fill CPU-only hosts (`core.placement.fills_cpu_hosts`) the reason says that
+    horovodrun's Gloo steps faster there on slow links. Which controller is faster there depends
+    on the link rate, which nothing here measures before the ranks start; Open MPI wins on
+    10 Gbit/s links, and it runs from anywhere.
 
     Raises:
       ValueError: a host entry whose slots are no positive number.
@@ -424,20 +426,21 @@ def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
         f"{name}: {count} rank(s), {cpus} CPU(s), {gpus} GPU(s)"
         for (name, count), (cpus, _, gpus) in zip(slots.items(), loads, strict=True)
     )
-    if not placement.prefers_gloo(loads):
+    if not placement.fills_cpu_hosts(loads):
         return "mpirun", f"not every host is CPU-only with its cores filled by the ranks ({shown})"
-    if len(others) == len(slots):
-        # horovodrun's driver finds the job's interface by name here: from outside the job's
-        # hosts it may find none (`_check_one_name`), and mpirun runs from anywhere.
-        return "mpirun", f"Gloo would suit the hosts ({shown}), but horovodrun must run on one"
-    return "horovodrun-gloo", f"CPU-only hosts whose ranks' compute fills every core ({shown})"
+    return "mpirun", (
+        f"CPU-only hosts whose ranks' compute fills every core ({shown}): on a 1 Gbit/s link "
+        "horovodrun's Gloo steps faster there (--launcher horovodrun, from one of the hosts), "
+        "on 10 Gbit/s Open MPI (docs/network.md)"
+    )
 
 
 LAUNCHERS = ("mpirun", "auto", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
 
 
 LAUNCH_HELP = """Start N workers of a command under mpirun (default), horovodrun (Gloo or MPI) or
-srun; auto chooses between mpirun and horovodrun's Gloo from the hosts' CPUs and GPUs. The
+srun; auto asks the hosts for their CPUs and GPUs, runs mpirun and says where horovodrun's Gloo
+may be faster. The
 launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP) are passed on to the
 workers, who stop at an agreed step and checkpoint; the exit code is the job's."""
 

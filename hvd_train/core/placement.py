@@ -83,19 +83,14 @@ def host_load(cpus: int, slots: int, gpus: int) -> tuple[int, int, int]:
     return cpus, slots * compute_threads(cpus, cpus, slots), gpus
 
 
-def prefers_gloo(loads: Sequence[tuple[int, int, int]]) -> bool:
-    """Whether Horovod's Gloo controller is the one to run a job on hosts of these (CPUs, compute
-    threads, GPUs), `_host_loads` or `host_load`: two hosts or more, each CPU-only, its ranks'
-    threads exactly filling its CPUs (no core spare, none shared). There the same jobs step
-    faster under Gloo than under Open MPI (docs/network.md, "Both controllers in one run"); on
-    one host, on GPUs, with a core spare or with ranks taking turns on a core, Open MPI is level
-    or ahead and stays."""
+def fills_cpu_hosts(loads: Sequence[tuple[int, int, int]]) -> bool:
+    """Whether a job on hosts of these (CPUs, compute threads, GPUs), `host_load`, runs on two
+    hosts or more, each CPU-only, its ranks' threads exactly filling its CPUs (no core spare,
+    none shared). There the faster controller depends on the link (docs/network.md, "Both
+    controllers in one run"): Gloo, which overlaps the transfer with a busy core's compute, on
+    1 Gbit/s; Open MPI on 10 Gbit/s, where Gloo's per-bucket negotiation costs more than it
+    hides. Elsewhere Open MPI is level or ahead."""
     return len(loads) > 1 and all(not gpu and threads == cpus for cpus, threads, gpu in loads)
-
-
-def gloo_preferred(ranks: Sequence[tuple[str, Sequence[int], int, int]]) -> bool:
-    """`prefers_gloo` for a running job, from the same per-rank tuples as `spare_cpu`."""
-    return prefers_gloo(_host_loads(ranks))
 
 
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # one entry per GPU while NVIDIA's driver runs

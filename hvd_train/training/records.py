@@ -58,7 +58,7 @@ def placement(hosts: list[str]) -> dict[str, list[int]]:
 
 def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
     """What is saved with every launch: config, command, placement (Horovod's local and cross
-    size on rank 0), versions, Horovod settings, revision."""
+    size on rank 0), versions, Horovod's and Open MPI's settings, revision."""
     topology = comm.topology()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -69,6 +69,8 @@ def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
         "controller": comm.controller(),
         "versions": versions(),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
+        # Open MPI's settings in this rank's environment (the user's, or hvd_train.init()'s).
+        "openmpi_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("OMPI_MCA_")},
         "git_revision": _git_revision(),
         "config": config_lib.to_dict(config),
     }

@@ -91,9 +91,6 @@ def _weights(run_dir: Path) -> dict[str, list]:
         return {name: saved[name].tolist() for name in saved.files}
 
 
-GLOO_HINT = "there Horovod's Gloo controller steps faster than Open MPI"
-
-
 def test_default_job_across_hosts_is_bit_equal_to_one_host(cluster: Cluster):
     """2 hosts x 1 slot and 1 host x 2 slots reduce the same two gradients: the same sum to the
     bit, so every loss and every weight is equal."""
@@ -104,9 +101,6 @@ def test_default_job_across_hosts_is_bit_equal_to_one_host(cluster: Cluster):
         argv += ["--set", "train.epochs=2", "--set", f"run_dir={run_dir}"]
         job = jobs.run(argv, 600, env=cluster.env())
         assert job.returncode == 0, job.tail()
-        # Open MPI across one-CPU hosts that one rank each fills: rank 0 names the faster
-        # controller; on one host it does not.
-        assert (GLOO_HINT in job.output) is (name == "two-hosts"), job.tail()
         run = json.loads((run_dir / "run.json").read_text())
         runs[name] = (run, json.loads((run_dir / "metrics.json").read_text()), run_dir)
         print(f"{name}: {job.seconds:.1f} s, hosts {run['hosts']}")

@@ -165,24 +165,24 @@ def test_oversubscribed_when_a_hosts_threads_exceed_its_cpus(ranks, expected):
 
 
 @pytest.mark.parametrize(
-    ("ranks", "expected"),
+    ("loads", "expected"),
     [
         # The cluster of tests/cluster at one slot per host: filled, none shared.
-        ([("h1", [0], 1, 0), ("h2", [1], 1, 0)], True),
+        ([(1, 1, 0), (1, 1, 0)], True),
         # Two slots per one-CPU host: the ranks take turns on the core.
-        ([("h1", [0], 1, 0), ("h1", [0], 1, 0), ("h2", [1], 1, 0), ("h2", [1], 1, 0)], False),
+        ([(1, 2, 0), (1, 2, 0)], False),
         # Two 8-core hosts, 2 ranks of 4 threads each: filled.
-        ([(h, range(8), 4, 0) for h in ("a", "a", "b", "b")], True),
+        ([(8, 8, 0), (8, 8, 0)], True),
         # A core spare on one host.
-        ([("a", range(8), 4, 0), ("a", range(8), 3, 0), ("b", range(8), 8, 0)], False),
+        ([(8, 7, 0), (8, 8, 0)], False),
         # GPUs compute.
-        ([("h1", [0], 1, 1), ("h2", [1], 1, 1)], False),
+        ([(1, 1, 1), (1, 1, 1)], False),
         # One host.
-        ([("h1", [0], 1, 0), ("h1", [1], 1, 0)], False),
+        ([(2, 2, 0)], False),
     ],
 )
-def test_gloo_is_preferred_only_where_cpu_only_hosts_are_exactly_filled(ranks, expected):
-    assert devices.gloo_preferred(ranks) is expected
+def test_cpu_hosts_are_filled_only_where_the_ranks_take_exactly_every_core(loads, expected):
+    assert devices.fills_cpu_hosts(loads) is expected
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ def test_gloo_is_preferred_only_where_cpu_only_hosts_are_exactly_filled(ranks, e
 )
 def test_host_load_before_the_ranks_start(cpus, slots, gpus, load):
     assert devices.host_load(cpus, slots, gpus) == load
-    assert devices.prefers_gloo([load, load]) is (not gpus and load[1] == cpus)
+    assert devices.fills_cpu_hosts([load, load]) is (not gpus and load[1] == cpus)
 
 
 def test_probe_answers_one_json_line(capsys):

@@ -641,34 +641,34 @@ def test_launch_with_hostfile_and_hosts_is_a_usage_error(tmp_path, capsys):
 HERE_AGENT = "sh -c 'eval \"$1\"'"
 
 
-def test_auto_asks_the_hosts_and_takes_gloo_only_where_the_ranks_fill_cpu_only_cores(
+def test_auto_asks_the_hosts_and_names_gloo_only_where_the_ranks_fill_cpu_only_cores(
     monkeypatch,
 ):
     monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", HERE_AGENT)
     found = placement.probe()
     if found["gpus"]:
-        pytest.skip("this host has GPUs: auto keeps mpirun on any slots")
+        pytest.skip("this host has GPUs: the hosts are never filled CPU-only ones")
     cpus = found["cpus"]
+    slow_link = "on a 1 Gbit/s link horovodrun's Gloo steps faster there"
     # One rank per core on this host and on another: filled, none shared.
     chosen, why = launch.choose_launcher([f"localhost:{cpus}", f"fake-b:{cpus}"], 2 * cpus)
-    assert chosen == "horovodrun-gloo"
+    assert chosen == "mpirun" and slow_link in why
     assert f"fake-b: {cpus} rank(s), {cpus} CPU(s), 0 GPU(s)" in why
     # One rank per host, its threads taking every core: filled as well.
-    assert launch.choose_launcher(["localhost:1", "fake-b:1"], 2)[0] == "horovodrun-gloo"
+    assert slow_link in launch.choose_launcher(["localhost:1", "fake-b:1"], 2)[1]
     # More ranks than cores: they take turns on a core.
-    assert launch.choose_launcher([f"localhost:{cpus + 1}", "fake-b:1"], cpus + 2)[0] == "mpirun"
-    # The ranks fill the first host and never reach the second: one host.
-    assert launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus)[0] == "mpirun"
-    # Launched from outside the job's hosts: horovodrun's driver may not find the interface.
-    chosen, why = launch.choose_launcher(["fake-a:1", "fake-b:1"], 2)
-    assert chosen == "mpirun" and why.endswith("but horovodrun must run on one")
+    chosen, why = launch.choose_launcher([f"localhost:{cpus + 1}", "fake-b:1"], cpus + 2)
+    assert chosen == "mpirun" and why.startswith("not every host is CPU-only")
+    # The ranks fill the first host and never reach the second: one host, nothing asked.
+    assert launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus) == (
+        "mpirun",
+        "every rank on this host",
+    )
     # A host whose shell runs on one CPU (a binding, as the test cluster's): two ranks share it.
     monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", f"taskset -c 0 {HERE_AGENT}")
     chosen, why = launch.choose_launcher([f"localhost:{cpus}", "fake-b:2"], cpus + 2)
-    assert chosen == "mpirun" and "fake-b: 2 rank(s), 1 CPU(s), 0 GPU(s)" in why
-    assert launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1)[0] == (
-        "horovodrun-gloo"
-    )
+    assert slow_link not in why and "fake-b: 2 rank(s), 1 CPU(s), 0 GPU(s)" in why
+    assert slow_link in launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1)[1]
 
 
 def test_auto_on_this_host_asks_nothing_and_runs_mpirun(monkeypatch, capsys):
