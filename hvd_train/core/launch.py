@@ -440,9 +440,9 @@ LAUNCHERS = ("mpirun", "auto", "horovodrun", "horovodrun-gloo", "horovodrun-mpi"
 
 LAUNCH_HELP = """Start N workers of a command under mpirun (default), horovodrun (Gloo or MPI) or
 srun; auto asks the hosts for their CPUs and GPUs, runs mpirun and says where horovodrun's Gloo
-may be faster. The
-launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP) are passed on to the
-workers, who stop at an agreed step and checkpoint; the exit code is the job's."""
+may be faster. The launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP)
+are passed on to the workers, who stop at an agreed step and checkpoint; the exit code is the
+job's."""
 
 
 def make_parser(prog: str) -> argparse.ArgumentParser:
