@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvd_train.core import network, placement, processes
+from hvd_train.core import linkrate, network, placement, processes
 from hvd_train.core.environment import LauncherEnvironmentError
 
 # Environment a rank needs from the launching shell; mpirun does not forward it by itself.
@@ -334,7 +334,7 @@ def build(
     user_chose = launcher == "mpirun" and bool(os.environ.get(network.MPI_TRANSPORT))
     chosen = None
     if network_interface or (hosts and not user_chose):
-        chosen = network.for_hosts(hosts or [], network_interface, remote_shell(launcher))
+        chosen = network.for_hosts(hosts or [], network_interface, network.remote_shell(launcher))
     if launcher == "mpirun":
         return mpirun_argv(
             np,
@@ -347,7 +347,7 @@ def build(
             job_network=str(chosen.network) if chosen else None,
         )
     if chosen:
-        _check_one_name(chosen, hosts or [], remote_shell(launcher))
+        _check_one_name(chosen, hosts or [], network.remote_shell(launcher))
     return horovodrun_argv(
         np,
         command,
@@ -374,26 +374,21 @@ def _check_one_name(chosen: network.Interface, hosts: Sequence[str], shell: list
         )
 
 
-OMPI_RSH_AGENT = "OMPI_MCA_plm_rsh_agent"
-
-
-def remote_shell(launcher: str) -> list[str]:
-    """How `launcher` reaches other hosts: Open MPI's agent (OMPI_MCA_plm_rsh_agent, its first
-    alternative; default ssh), or horovodrun's ssh from PATH."""
-    agent = os.environ.get(OMPI_RSH_AGENT, "") if launcher == "mpirun" else ""
-    return shlex.split(agent.split(":")[0]) or ["ssh"]
+# Gbit/s of TCP between CPU-only hosts filled by the ranks under which horovodrun's Gloo steps
+# faster than Open MPI (docs/network.md, "Which controller, by link rate").
+GLOO_BELOW_GBIT = 2.5
 
 
 def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
     """The launcher `auto` runs `np` ranks with on `hosts` ("name:slots" entries, filled in
     order as both launchers fill them; None: this host), and why.
 
-    mpirun, after asking each other host that gets ranks for its CPUs and GPUs
-    (`core.placement.probe`, over Open MPI's agent or ssh as mpirun reaches them): where the
-    ranks exactly fill CPU-only hosts (`core.placement.fills_cpu_hosts`) the reason says that
-    horovodrun's Gloo steps faster there on slow links. Which controller is faster there depends
-    on the link rate, which nothing here measures before the ranks start; Open MPI wins on
-    10 Gbit/s links, and it runs from anywhere.
+    mpirun, unless each host that gets ranks, asked for its CPUs and GPUs
+    (`core.placement.probe`, over Open MPI's agent or ssh as mpirun reaches them), is CPU-only
+    with its cores exactly filled by the ranks (`core.placement.fills_cpu_hosts`), this host is
+    one of them, and the TCP rate from here to the next (`core.linkrate.measure`) is under
+    GLOO_BELOW_GBIT: there horovodrun's Gloo, which hides part of the transfer behind a busy
+    core's compute. A link-rate probe that fails leaves mpirun, and says why.
 
     Raises:
       ValueError: a host entry whose slots are no positive number.
@@ -415,7 +410,7 @@ def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
     if not others:
         return "mpirun", "every rank on this host"
     answers = network.ask_hosts(
-        others, ["hvd_train.core.placement"], remote_shell("mpirun"), "CPU and GPU probe"
+        others, ["hvd_train.core.placement"], network.remote_shell("mpirun"), "CPU and GPU probe"
     )
     here = placement.probe()
     loads = []
@@ -428,21 +423,30 @@ def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
     )
     if not placement.fills_cpu_hosts(loads):
         return "mpirun", f"not every host is CPU-only with its cores filled by the ranks ({shown})"
-    return "mpirun", (
-        f"CPU-only hosts whose ranks' compute fills every core ({shown}): on a 1 Gbit/s link "
-        "horovodrun's Gloo steps faster there (--launcher horovodrun, from one of the hosts), "
-        "on 10 Gbit/s Open MPI (docs/network.md)"
-    )
+    filled = f"CPU-only hosts whose ranks' compute fills every core ({shown})"
+    if len(others) == len(slots):
+        # horovodrun's driver finds the job's interface by name here: from outside the job's
+        # hosts it may find none (`_check_one_name`), and the link measured from here would not
+        # be the job's.
+        return "mpirun", f"{filled}; on a slow link Gloo steps faster, run from one of the hosts"
+    try:
+        rate = linkrate.measure(others[0], network.remote_shell("mpirun"))
+    except LauncherEnvironmentError as err:
+        return "mpirun", f"{filled}; the link rate is unknown ({err})"
+    measured = f"{filled}; TCP to {rate.host}: {rate.gbit_s:.2f} Gbit/s"
+    if rate.gbit_s < GLOO_BELOW_GBIT:
+        return "horovodrun-gloo", f"{measured}, under {GLOO_BELOW_GBIT:g}: Gloo steps faster"
+    return "mpirun", f"{measured}, not under {GLOO_BELOW_GBIT:g}: Open MPI steps faster"
 
 
 LAUNCHERS = ("mpirun", "auto", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
 
 
 LAUNCH_HELP = """Start N workers of a command under mpirun (default), horovodrun (Gloo or MPI) or
-srun; auto asks the hosts for their CPUs and GPUs, runs mpirun and says where horovodrun's Gloo
-may be faster. The launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP)
-are passed on to the workers, who stop at an agreed step and checkpoint; the exit code is the
-job's."""
+srun; auto asks the hosts for their CPUs and GPUs and the link for its rate, and runs horovodrun's
+Gloo where it steps faster (CPU-only hosts filled by the ranks, a slow link), mpirun elsewhere.
+The launcher's command is printed, then run; stop signals (TERM, INT, USR1, HUP) are passed on to
+the workers, who stop at an agreed step and checkpoint; the exit code is the job's."""
 
 
 def make_parser(prog: str) -> argparse.ArgumentParser:

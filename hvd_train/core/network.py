@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import os
 import re
 import shlex
 import socket
@@ -272,6 +273,16 @@ def _check_override(
                 f"{address} on it, a host-local interface (docker0 and other host-local bridges "
                 "have the same address on every host) that carries nothing between hosts"
             )
+
+
+OMPI_RSH_AGENT = "OMPI_MCA_plm_rsh_agent"
+
+
+def remote_shell(launcher: str) -> list[str]:
+    """How `launcher` reaches other hosts: Open MPI's agent (OMPI_MCA_plm_rsh_agent, its first
+    alternative; default ssh), or horovodrun's ssh from PATH."""
+    agent = os.environ.get(OMPI_RSH_AGENT, "") if launcher == "mpirun" else ""
+    return shlex.split(agent.split(":")[0]) or ["ssh"]
 
 
 PROBE_TIMEOUT_S = 30

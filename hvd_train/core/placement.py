@@ -86,9 +86,9 @@ def host_load(cpus: int, slots: int, gpus: int) -> tuple[int, int, int]:
 def fills_cpu_hosts(loads: Sequence[tuple[int, int, int]]) -> bool:
     """Whether a job on hosts of these (CPUs, compute threads, GPUs), `host_load`, runs on two
     hosts or more, each CPU-only, its ranks' threads exactly filling its CPUs (no core spare,
-    none shared). There the faster controller depends on the link (docs/network.md, "Both
-    controllers in one run"): Gloo, which overlaps the transfer with a busy core's compute, on
-    1 Gbit/s; Open MPI on 10 Gbit/s, where Gloo's per-bucket negotiation costs more than it
+    none shared). There the faster controller depends on the link (docs/network.md, "Which
+    controller, by link rate"): Gloo, which overlaps the transfer with a busy core's compute, up
+    to 2 Gbit/s; Open MPI from 3 Gbit/s, where Gloo's per-bucket negotiation costs more than it
     hides. Elsewhere Open MPI is level or ahead."""
     return len(loads) > 1 and all(not gpu and threads == cpus for cpus, threads, gpu in loads)
 

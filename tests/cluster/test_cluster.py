@@ -15,6 +15,7 @@ import jobs  # tests/integration/jobs.py: bounded jobs that leave nothing behind
 import pytest
 from hosts import INTERFACES, STATE, Cluster, counters, machine_state, on_host, script
 
+from hvd_train.core import launch
 from hvd_train.data.sharding import steps_per_epoch
 
 # cnn on the 8x8 digits (tests/unit/test_models.py pins it): every step allreduces this many
@@ -223,30 +224,49 @@ def test_a_job_on_the_decoy_is_refused(cluster: Cluster, where, override: str, r
     assert not (cluster.state / "shared" / "decoy").exists()
 
 
-def test_auto_launcher_asks_the_hosts_cores(cluster: Cluster):
+def test_auto_launcher_measures_the_link_where_the_ranks_fill_the_hosts(cluster: Cluster):
     """`--launcher auto` asks h1 and h2 for their CPUs and GPUs over ssh before any worker
-    starts and runs mpirun: where one rank fills each one-CPU host it says that Gloo is faster
-    there on a slow link; where two ranks per host take turns on its core it does not."""
-    run_dir = cluster.state / "shared" / "auto"
+    starts. Where one rank fills each one-CPU host it measures TCP from h1 to h2: at the
+    unshaped link's rate it runs mpirun, with h1's side shaped to 1 Gbit/s horovodrun's Gloo.
+    Where two ranks per host take turns on its core it measures nothing and runs mpirun."""
+    if "tbf" in on_host("h1", "tc", "qdisc", "show", "dev", "data0"):
+        pytest.skip("the cluster's links are shaped already (RATE)")
     auto = ["--launcher", "auto", "--"]
-    job = jobs.run(
-        [*LAUNCH, *HVD_TRAIN, *TWO, *auto, *TRAIN, "--set", f"run_dir={run_dir}"],
-        600,
-        env=cluster.env(),
-    )
-    assert job.returncode == 0, job.tail()
     filled = "h1: 1 rank(s), 1 CPU(s), 0 GPU(s), h2: 1 rank(s), 1 CPU(s), 0 GPU(s)"
-    assert (
-        "launch: --launcher auto: mpirun (CPU-only hosts whose ranks' compute fills every core "
-        f"({filled}): on a 1 Gbit/s link horovodrun's Gloo steps faster there"
-    ) in job.output, job.tail()
+    said = f"CPU-only hosts whose ranks' compute fills every core ({filled}); TCP to h2: "
+    measured = re.compile(r"TCP to h2: ([0-9.]+) Gbit/s")
+    dry = [*LAUNCH, *HVD_TRAIN, *TWO, "--dry-run", *auto, *TRAIN]
+    fast = jobs.run(dry, 120, env=cluster.env())
+    assert fast.returncode == 0, fast.tail()
+    assert f"launch: --launcher auto: mpirun ({said}" in fast.output, fast.tail()
+    assert re.search(r"^mpirun -np 2 ", fast.output, re.M), fast.tail()
+    # The unshaped veth carries more than the rate under which Gloo is chosen: the negative
+    # control of the shaped band below.
+    unshaped = float(measured.search(fast.output)[1])
+    assert unshaped >= launch.GLOO_BELOW_GBIT, fast.tail()
+    run_dir = cluster.state / "shared" / "auto"
+    # h1's side of the data link shaped as `RATE=1gbit cluster.sh up` shapes it.
+    shaping = ["dev", "data0", "root", "tbf", "rate", "1gbit", "burst", "256kb", "latency", "50ms"]
+    on_host("h1", "tc", "qdisc", "replace", *shaping)
+    try:
+        argv = [*LAUNCH, *HVD_TRAIN, *TWO, *auto, *TRAIN, "--set", f"run_dir={run_dir}"]
+        job = jobs.run(argv, 600, env=cluster.env())
+    finally:
+        on_host("h1", "tc", "qdisc", "del", "dev", "data0", "root")
+    assert job.returncode == 0, job.tail()
+    assert f"launch: --launcher auto: horovodrun-gloo ({said}" in job.output, job.tail()
+    # TCP's goodput through a 1 Gbit/s token bucket.
+    shaped = float(measured.search(job.output)[1])
+    print(f"auto: TCP h1 -> h2 {unshaped} Gbit/s unshaped, {shaped} at 1 Gbit/s")
+    assert 0.8 < shaped <= 1.0, job.tail()
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["controller"] == "mpi" and run["hosts"] == {"h1": [0], "h2": [1]}
+    assert run["controller"] == "gloo" and run["hosts"] == {"h1": [0], "h2": [1]}
+    assert run["horovod_env"].get("HOROVOD_CYCLE_TIME") == "50", run["horovod_env"]
     four = ["launch", "--np", "4", "--hosts", "h1:2,h2:2", "--dry-run", *auto, *TRAIN]
     shared = jobs.run([*LAUNCH, *HVD_TRAIN, *four], 120, env=cluster.env())
     assert shared.returncode == 0, shared.tail()
     assert "launch: --launcher auto: mpirun (not every host" in shared.output
-    assert "h2: 2 rank(s), 1 CPU(s), 0 GPU(s)" in shared.output
+    assert "h2: 2 rank(s), 1 CPU(s), 0 GPU(s)" in shared.output and "TCP to" not in shared.output
     assert re.search(r"^mpirun -np 4 ", shared.output, re.M), shared.tail()
 
 

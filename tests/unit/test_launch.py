@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hvd_train import cli
-from hvd_train.core import launch, placement
+from hvd_train.core import launch, linkrate, placement
 
 CMD = ["python", "train.py", "--epochs", "2"]
 
@@ -641,7 +641,10 @@ def test_launch_with_hostfile_and_hosts_is_a_usage_error(tmp_path, capsys):
 HERE_AGENT = "sh -c 'eval \"$1\"'"
 
 
-def test_auto_asks_the_hosts_and_names_gloo_only_where_the_ranks_fill_cpu_only_cores(
+FILLED = "CPU-only hosts whose ranks' compute fills every core"
+
+
+def test_auto_asks_the_hosts_and_measures_the_link_only_where_the_ranks_fill_cpu_only_cores(
     monkeypatch,
 ):
     monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", HERE_AGENT)
@@ -649,13 +652,15 @@ def test_auto_asks_the_hosts_and_names_gloo_only_where_the_ranks_fill_cpu_only_c
     if found["gpus"]:
         pytest.skip("this host has GPUs: the hosts are never filled CPU-only ones")
     cpus = found["cpus"]
-    slow_link = "on a 1 Gbit/s link horovodrun's Gloo steps faster there"
+    # fake-b answers the CPU probe (the agent runs it here) but has no address: its link's rate
+    # stays unknown, and mpirun runs.
+    unknown = "the link rate is unknown (host 'fake-b' does not resolve"
     # One rank per core on this host and on another: filled, none shared.
     chosen, why = launch.choose_launcher([f"localhost:{cpus}", f"fake-b:{cpus}"], 2 * cpus)
-    assert chosen == "mpirun" and slow_link in why
+    assert chosen == "mpirun" and FILLED in why and unknown in why
     assert f"fake-b: {cpus} rank(s), {cpus} CPU(s), 0 GPU(s)" in why
     # One rank per host, its threads taking every core: filled as well.
-    assert slow_link in launch.choose_launcher(["localhost:1", "fake-b:1"], 2)[1]
+    assert unknown in launch.choose_launcher(["localhost:1", "fake-b:1"], 2)[1]
     # More ranks than cores: they take turns on a core.
     chosen, why = launch.choose_launcher([f"localhost:{cpus + 1}", "fake-b:1"], cpus + 2)
     assert chosen == "mpirun" and why.startswith("not every host is CPU-only")
@@ -667,8 +672,36 @@ def test_auto_asks_the_hosts_and_names_gloo_only_where_the_ranks_fill_cpu_only_c
     # A host whose shell runs on one CPU (a binding, as the test cluster's): two ranks share it.
     monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", f"taskset -c 0 {HERE_AGENT}")
     chosen, why = launch.choose_launcher([f"localhost:{cpus}", "fake-b:2"], cpus + 2)
-    assert slow_link not in why and "fake-b: 2 rank(s), 1 CPU(s), 0 GPU(s)" in why
-    assert slow_link in launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1)[1]
+    assert FILLED not in why and "fake-b: 2 rank(s), 1 CPU(s), 0 GPU(s)" in why
+    assert FILLED in launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1)[1]
+
+
+@pytest.mark.parametrize(
+    ("gbit", "chosen"),
+    [(0.94, "horovodrun-gloo"), (launch.GLOO_BELOW_GBIT, "mpirun"), (9.4, "mpirun")],
+)
+def test_auto_runs_gloo_on_filled_hosts_under_the_rate_where_it_steps_faster(
+    monkeypatch, gbit, chosen
+):
+    # The rule alone, on rates given: the probe's own measurement is tested in
+    # tests/unit/test_linkrate.py and, on a shaped link, in tests/cluster/test_cluster.py.
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", HERE_AGENT)
+    if placement.probe()["gpus"]:
+        pytest.skip("this host has GPUs: the hosts are never filled CPU-only ones")
+    asked = []
+
+    def measure(host, remote_shell):
+        asked.append((host, remote_shell))
+        return linkrate.LinkRate(host, megabytes=gbit * 125, seconds=1.0)
+
+    monkeypatch.setattr(linkrate, "measure", measure)
+    got, why = launch.choose_launcher(["localhost:1", "fake-b:1"], 2)
+    assert (got, asked) == (chosen, [("fake-b", shlex.split(HERE_AGENT))])
+    assert f"{FILLED} (localhost: 1 rank(s)" in why and f"; TCP to fake-b: {gbit:.2f} Gbit/s" in why
+    # From outside the hosts the link measured would not be the job's: nothing is measured.
+    asked.clear()
+    got, why = launch.choose_launcher(["fake-a:1", "fake-b:1"], 2)
+    assert got == "mpirun" and not asked and why.endswith("run from one of the hosts")
 
 
 def test_auto_on_this_host_asks_nothing_and_runs_mpirun(monkeypatch, capsys):
