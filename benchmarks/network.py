@@ -559,7 +559,21 @@ def selftest(python: Path, layout: str) -> dict:
     found = json.loads(report.read_text())
     link = found["links"][0]
     keys = ("mb_per_s", "a_to_b_mb_per_s", "b_to_a_mb_per_s", "latency_us")
-    return {k: link[k] for k in keys} | {"allreduce_mb_per_s": found["allreduce"]["mb_per_s"]}
+    # What `--launcher auto` measures before a job (hvd_train.core.linkrate), from h1 to h2.
+    probe = [str(python), "-m", "hvd_train.core.linkrate", "h2"]
+    done = subprocess.run(
+        ["bash", str(CLUSTER), "exec", "h1", *probe],
+        cwd=REPO,
+        env=cluster_env(python),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return {k: link[k] for k in keys} | {
+        "allreduce_mb_per_s": found["allreduce"]["mb_per_s"],
+        "tcp_probe_gbit_s": json.loads(done.stdout)["gbit_s"],
+    }
 
 
 def _jobs(
@@ -668,7 +682,8 @@ def measure(
                 link = selftest(STACKS["modern"], layout)
                 print(
                     f"{rate} {layout}: link {link['mb_per_s']:.1f} MB/s, "
-                    f"{link['latency_us']:.0f} us; allreduce {link['allreduce_mb_per_s']:.1f} MB/s",
+                    f"{link['latency_us']:.0f} us; allreduce {link['allreduce_mb_per_s']:.1f} "
+                    f"MB/s; auto's TCP probe {link['tcp_probe_gbit_s']:.2f} Gbit/s",
                     flush=True,
                 )
                 result["rows"] += _jobs(

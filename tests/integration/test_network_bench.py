@@ -65,6 +65,8 @@ def test_quick_network_benchmark_writes_consistent_results(tmp_path: Path):
     assert row["link"]["latency_us"] > 0
     # The selftest's allreduce crosses the same shaped link: it cannot move faster.
     assert 0 < row["link"]["allreduce_mb_per_s"] <= 1.02 * TC_RATE_MB_PER_S, row["link"]
+    # So does --launcher auto's TCP probe (hvd_train.core.linkrate), in Gbit/s.
+    assert 0.8 < row["link"]["tcp_probe_gbit_s"] * 125 / TC_RATE_MB_PER_S <= 1.0, row["link"]
     assert row["gradient_MB"] == pytest.approx(sum(row["gradient_bytes_per_tensor"]) / 1e6)
     for key in ("forward_ms", "backward_ms", "ceiling_ms", "allreduce_ms"):
         assert row[key] > 0, key
