@@ -253,7 +253,7 @@ def _breakdown(
 # --- controllers --------------------------------------------------------------------------------
 
 # (name, launcher, how the Horovod cycle is chosen). "derived" passes the step time the MPI run of
-# the same round measured, so `comm.init` derives the Gloo cycle (placement.gloo_cycle_time_ms).
+# the same round measured, so `comm.init` derives the Gloo cycle (placement.cycle_time_ms).
 CONTROLLERS = (
     ("mpi", "mpirun", "default"),
     ("gloo, 1 ms cycle", "horovodrun-gloo", "1"),

@@ -66,7 +66,8 @@ def init(
       pin_gpu: make only the local rank's GPU visible, with memory growth.
       step_ms: the expected time of one training step on one rank (e.g. measured by an earlier
         run); None reads HVD_TRAIN_STEP_MS if set. Under Gloo on a CPU-only host whose cores the
-        ranks fill, Horovod's cycle time is derived from it (`core.placement.gloo_cycle_time_ms`).
+        ranks fill, Horovod's cycle time is derived from it unless Horovod wakes on enqueue
+        (`core.placement.cycle_time_ms`).
       process_sets: `comm.ProcessSet`s to register at start (every rank passes the same);
         more can be added later with `comm.add_process_set` under HOROVOD_DYNAMIC_PROCESS_SETS=1,
         which `init` sets itself where the launcher says the job spans hosts (for two-level
@@ -192,17 +193,19 @@ def _tune_before_start(
         and placement.mpi_should_yield(threads, launcher.local_size, host, gpus)
     ):
         os.environ[environment.MPI_YIELD] = "1"
-    if launcher.controller == "gloo" and not launcher.user_set_cycle_time:
+    if launcher.controller is not None and not launcher.user_set_cycle_time:
         step = step_ms if step_ms is not None else launcher.step_ms
         cost = launcher.gloo_cycle_cost_ms or placement.GLOO_CYCLE_COST_MS
         wakes = backend.wakes_on_enqueue()
-        cycle = placement.gloo_cycle_time_ms(
-            "gloo", gpus, threads, launcher.local_size, host, step, cost, wakes
+        cycle = placement.cycle_time_ms(
+            launcher.controller, gpus, threads, launcher.local_size, host, step, cost, wakes
         )
         if cycle is not None:
             os.environ[environment.CYCLE_TIME] = f"{cycle:g}"
             why = "Horovod wakes on enqueue" if wakes else f"step {step:g} ms"
-            log.info("Horovod cycle time %g ms (Gloo, cores filled, %s)", cycle, why)
+            log.info(
+                "Horovod cycle time %g ms (%s, cores filled, %s)", cycle, launcher.controller, why
+            )
 
 
 def _use_job_network(launcher: environment.Launcher) -> None:

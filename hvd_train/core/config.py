@@ -194,7 +194,7 @@ class TrainConfig:
         for small per-rank batches; the model must be functional or Sequential.
       step_ms: the expected time of one training step on one rank in ms (e.g. an earlier run's
         epoch seconds / steps). Under horovodrun --gloo on a CPU-only host whose cores the ranks
-        fill, Horovod's cycle time is derived from it (`core.placement.gloo_cycle_time_ms`); null:
+        fill, Horovod's cycle time is derived from it (`core.placement.cycle_time_ms`); null:
         Horovod's default. HOROVOD_CYCLE_TIME, when set, wins.
     """
 

@@ -193,20 +193,20 @@ def mpi_should_yield(threads: int, local_size: int, host_cpus: int, gpus: int) -
     return gpus == 0 and threads * local_size >= host_cpus
 
 
-# Horovod's own default cycle (HOROVOD_CYCLE_TIME, ms), kept wherever `gloo_cycle_time_ms` does
-# not apply.
+# Horovod's own default cycle (HOROVOD_CYCLE_TIME, ms), kept wherever `cycle_time_ms` does not
+# apply.
 HOROVOD_DEFAULT_CYCLE_MS = 1.0
 # Compute time one Gloo negotiation cycle takes from a rank whose threads fill the cores (ms): a
 # constant fitted on one machine (docs/knobs.md says how); HVD_TRAIN_GLOO_CYCLE_COST_MS overrides
 # it.
 GLOO_CYCLE_COST_MS = 1.5
-# The cycle of a Gloo job on a Horovod whose background loop wakes when a tensor is enqueued
-# (hvd_train's patch, mpi_scripts/patches): a request no longer waits for the next cycle, so the
-# cycle only paces the idle negotiations, and a long one leaves the cores to the compute.
-GLOO_WAKING_CYCLE_MS = 50.0
+# The cycle on a Horovod whose background loop wakes when a tensor is enqueued (hvd_train's patch,
+# mpi_scripts/patches): a request no longer waits for the next cycle, so the cycle only paces the
+# idle wakes, and a long one leaves the cores to the compute.
+WAKING_CYCLE_MS = 50.0
 
 
-def gloo_cycle_time_ms(
+def cycle_time_ms(
     controller: str,
     gpus: int,
     threads: int,
@@ -216,33 +216,38 @@ def gloo_cycle_time_ms(
     cycle_cost_ms: float = GLOO_CYCLE_COST_MS,
     wakes_on_enqueue: bool = False,
 ) -> float | None:
-    """Horovod's cycle time (ms) for a Gloo job whose compute threads fill a CPU-only host, or
-    None where Horovod's default (1 ms) should stay.
+    """Horovod's cycle time (ms) for a job whose compute threads fill a CPU-only host, or None
+    where Horovod's default (1 ms) should stay.
 
-    Under Gloo, Horovod's background thread negotiates with every other rank over TCP once per
-    cycle, whether or not a collective is pending. When the ranks' threads already fill every
-    core, each cycle takes compute time from them: an overhead of about `cycle_cost_ms / cycle`
-    of the step. A longer cycle makes a collective wait longer for its negotiation: about half a
-    cycle per step on average (the toolkit's optimizer issues one grouped allreduce per step), an
-    overhead of `cycle / (2 * step_ms)`. Their sum is smallest at
+    Horovod's background thread wakes once per cycle, whether or not a collective is pending:
+    under Gloo it negotiates with every other rank over TCP each time, under Open MPI it runs a
+    collective of its own. When the ranks' threads already fill every core, each wake takes
+    compute time from them.
+
+    Where Horovod's loop wakes when a tensor is enqueued (`wakes_on_enqueue`, the installer's
+    patched build, whose loop also cycles at 1 ms while an enqueued tensor waits for the other
+    ranks'), a request never waits for a cycle: the cycle is `WAKING_CYCLE_MS` under either
+    controller, step time or not.
+
+    Without that patch a longer cycle makes a collective wait longer for its negotiation: about
+    half a cycle per step on average (the toolkit's optimizer issues one grouped allreduce per
+    step), an overhead of `cycle / (2 * step_ms)`, against `cycle_cost_ms / cycle` for the
+    wakes. Under Gloo their sum is smallest at
 
         cycle = sqrt(2 * cycle_cost_ms * step_ms),
 
-    e.g. 27 ms for a 250 ms step; never below Horovod's default, and never
-    above a quarter of the step. With GPUs the compute is elsewhere, under MPI the Open MPI rule
-    applies (`mpi_should_yield`), with free cores the cycle costs no compute: Horovod's default
-    stays. Without a step time there is nothing to weigh the latency against: default too.
-
-    Where Horovod's loop wakes when a tensor is enqueued (`wakes_on_enqueue`, the installer's
-    patched build) the latency term is gone and the cycle is `GLOO_WAKING_CYCLE_MS`, step time or
-    not.
+    e.g. 27 ms for a 250 ms step; never below Horovod's default, and never above a quarter of
+    the step. Under Open MPI, whose wakes cost little (`mpi_should_yield` keeps its polling off
+    the cores), and without a step time to weigh the latency against, Horovod's default stays.
+    With GPUs the compute is elsewhere, and with free cores the wakes cost no compute: the
+    default too.
 
     Args:
       controller: "gloo" or "mpi".
       gpus: GPUs visible on the host.
       threads, local_size, host_cpus: compute threads per rank, ranks on this host, host CPUs.
       step_ms: the expected time of one training step (one batch) on one rank, or None.
-      cycle_cost_ms: compute time one cycle costs a saturated rank.
+      cycle_cost_ms: compute time one Gloo cycle costs a saturated rank.
       wakes_on_enqueue: Horovod starts a request when it is enqueued, not at the next cycle.
 
     Raises:
@@ -252,11 +257,11 @@ def gloo_cycle_time_ms(
         raise ValueError(
             f"step_ms and cycle_cost_ms must be > 0, got {step_ms} and {cycle_cost_ms}"
         )
-    if controller != "gloo" or gpus or threads * local_size < host_cpus:
+    if gpus or threads * local_size < host_cpus:
         return None
     if wakes_on_enqueue:
-        return GLOO_WAKING_CYCLE_MS
-    if step_ms is None:
+        return WAKING_CYCLE_MS
+    if controller != "gloo" or step_ms is None:
         return None
     cycle = math.sqrt(2.0 * cycle_cost_ms * step_ms)
     return round(max(HOROVOD_DEFAULT_CYCLE_MS, min(cycle, step_ms / 4)), 1)

@@ -76,11 +76,12 @@ def test_job_cpus_before_start_count_the_bound_ranks_cpus(mask, host, local_size
 
 def test_a_pinned_rank_fills_its_host_for_the_start_rules():
     """One rank with one compute thread pinned to one of two cores fills its share: the MPI
-    yield and the Gloo cycle rules take it as a full host (counting the whole machine they did
+    yield and the cycle rules take it as a full host (counting the whole machine they did
     not)."""
     cpus = devices.job_cpus_before_start(1, 2, 1)
     assert devices.mpi_should_yield(1, 1, cpus, 0)
-    assert devices.gloo_cycle_time_ms("gloo", 0, 1, 1, cpus, None, wakes_on_enqueue=True) == 50
+    for controller in ("gloo", "mpi"):
+        assert devices.cycle_time_ms(controller, 0, 1, 1, cpus, None, wakes_on_enqueue=True) == 50
     assert not devices.mpi_should_yield(1, 1, 2, 0)  # negative control: the whole machine
 
 
@@ -92,39 +93,44 @@ def test_a_pinned_rank_fills_its_host_for_the_start_rules():
         ("gloo", 0, 1, 2, 2, 2.0, 1.0),  # never below Horovod's default
         ("gloo", 0, 1, 2, 2, 10_000.0, 173.2),  # sqrt(2 * 1.5 * 10000)
         ("gloo", 0, 1, 2, 2, None, None),  # no step time: Horovod's default stays
-        ("mpi", 0, 1, 2, 2, 250.0, None),  # MPI: the Open MPI rule applies instead
+        ("mpi", 0, 1, 2, 2, 250.0, None),  # MPI: Horovod's default, its wakes cost little
         ("gloo", 2, 1, 2, 2, 250.0, None),  # GPUs: Horovod's default
         ("gloo", 0, 4, 2, 16, 250.0, None),  # free cores: the cycle costs no compute
         ("gloo", 0, 8, 2, 16, 250.0, 27.4),
     ],
 )
-def test_gloo_cycle_time(controller, gpus, threads, local_size, host, step_ms, expected):
-    cycle = devices.gloo_cycle_time_ms(controller, gpus, threads, local_size, host, step_ms)
+def test_cycle_time_without_the_patch(
+    controller, gpus, threads, local_size, host, step_ms, expected
+):
+    cycle = devices.cycle_time_ms(controller, gpus, threads, local_size, host, step_ms)
     assert cycle == expected
 
 
 @pytest.mark.parametrize(
     ("controller", "gpus", "threads", "local_size", "host", "step_ms", "expected"),
     [
-        ("gloo", 0, 1, 2, 2, 250.0, devices.GLOO_WAKING_CYCLE_MS),
-        ("gloo", 0, 1, 2, 2, None, devices.GLOO_WAKING_CYCLE_MS),  # no step time needed
-        ("mpi", 0, 1, 2, 2, 250.0, None),
+        ("gloo", 0, 1, 2, 2, 250.0, devices.WAKING_CYCLE_MS),
+        ("gloo", 0, 1, 2, 2, None, devices.WAKING_CYCLE_MS),  # no step time needed
+        ("mpi", 0, 1, 2, 2, 250.0, devices.WAKING_CYCLE_MS),  # Open MPI's wakes as well
+        ("mpi", 0, 1, 2, 2, None, devices.WAKING_CYCLE_MS),
+        ("mpi", 2, 1, 2, 2, None, None),
+        ("mpi", 0, 4, 2, 16, None, None),
         ("gloo", 2, 1, 2, 2, 250.0, None),
         ("gloo", 0, 4, 2, 16, None, None),
     ],
 )
-def test_gloo_cycle_time_where_horovod_wakes_on_enqueue(
+def test_cycle_time_where_horovod_wakes_on_enqueue(
     controller, gpus, threads, local_size, host, step_ms, expected
 ):
-    cycle = devices.gloo_cycle_time_ms(
+    cycle = devices.cycle_time_ms(
         controller, gpus, threads, local_size, host, step_ms, wakes_on_enqueue=True
     )
     assert cycle == expected
 
 
-def test_gloo_cycle_time_rejects_non_positive_step():
+def test_cycle_time_rejects_non_positive_step():
     with pytest.raises(ValueError, match="got 0"):
-        devices.gloo_cycle_time_ms("gloo", 0, 1, 2, 2, 0)
+        devices.cycle_time_ms("gloo", 0, 1, 2, 2, 0)
 
 
 @pytest.mark.parametrize(
