@@ -10,6 +10,7 @@ job's traffic takes unless --network-interface names another network.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -112,7 +113,8 @@ def _stop(receiver: subprocess.Popen) -> None:
     try:
         receiver.wait(timeout=1)  # it ends by itself after its last answer
     except subprocess.TimeoutExpired:
-        os.killpg(receiver.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it ended after all
+            os.killpg(receiver.pid, signal.SIGKILL)
         receiver.wait()
 
 
