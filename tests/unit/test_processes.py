@@ -280,8 +280,11 @@ def test_after_ctrl_c_a_child_in_this_session_is_still_shown_until_it_ends(tmp_p
     # to that session (a terminal's Ctrl-C) reaches both: the child says goodbye after a while.
     ready = tmp_path / "ready"
     supervisor = f"""
-        import sys
+        import signal, sys
         from hvd_train.core import processes
+        # Ctrl-C raises KeyboardInterrupt, as where a terminal starts Python, even when this test
+        # runs as a shell's background job, which starts with INT ignored (inherited).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         child = '''
         import signal, sys, time
         def bye(*_):
