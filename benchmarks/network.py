@@ -56,6 +56,8 @@ LAYOUTS = {"2x1": ("h1:1,h2:1", 2), "2x2": ("h1:2,h2:2", 4)}
 CONTROLLERS = {"mpi": "mpirun", "gloo": "horovodrun-gloo"}
 RATES = ("unlimited", "10gbit", "1gbit")
 JOB_TIMEOUT_S = 1500
+# The link rate a job's ranks size their gradient buckets by (hvd_train.core.environment).
+LINK_GBIT = "HVD_TRAIN_LINK_GBIT"
 
 
 @dataclass(frozen=True)
@@ -526,10 +528,12 @@ def _launch(
     command: list[str],
     timeout: float,
     controller: str = "mpi",
+    link_gbit: float | None = None,
 ) -> None:
     """`command` on `np` ranks over `hosts` under `controller`'s launcher, started on h1; the
     toolkit's own commands (selftest) through `hvd-train launch`, anything else through
-    `python -m hvd_train.core.launch`."""
+    `python -m hvd_train.core.launch`. `link_gbit` reaches the ranks as HVD_TRAIN_LINK_GBIT,
+    as `--launcher auto` passes the rate it measured."""
     launcher = (
         ["hvd_train.cli", "launch"] if command[0] == "selftest" else ["hvd_train.core.launch"]
     )
@@ -539,7 +543,14 @@ def _launch(
     print("+ " + shlex.join(argv), flush=True)
     t0 = time.perf_counter()
     # The job's output goes straight through: its progress shows while it runs.
-    done = subprocess.run(argv, cwd=REPO, env=cluster_env(python), timeout=timeout, check=False)
+    env = cluster_env(python)
+    # A job runs several models one after another, each with its own tensor names: Horovod's
+    # response cache (1024 by default) would fill and evict while the last variants run, which
+    # a user's job of one model never does.
+    env.setdefault("HOROVOD_CACHE_CAPACITY", "4096")
+    if link_gbit is not None:
+        env[LINK_GBIT] = f"{link_gbit:.2f}"
+    done = subprocess.run(argv, cwd=REPO, env=env, timeout=timeout, check=False)
     print(f"  ({time.perf_counter() - t0:.0f} s, exit {done.returncode})", flush=True)
     if done.returncode != 0:
         raise RuntimeError(f"the launch failed (exit {done.returncode}; its output is above)")
@@ -634,11 +645,13 @@ def _job(
         earlier = out.with_name(f"network-compute-{stack}-{controller}-{layout}.json")
         earlier.write_text(first[key][1])
         command += ["--compute-from", str(earlier)]
-    _launch(STACKS[stack], hosts, np, command, JOB_TIMEOUT_S, controller)
+    # The toolkit's buckets follow the link as under `--launcher auto`, from its probe's reading.
+    ranks_link = link["tcp_probe_gbit_s"]
+    _launch(STACKS[stack], hosts, np, command, JOB_TIMEOUT_S, controller, ranks_link)
     first.setdefault(key, (rate, out.read_text()))
     return [
         {"rate": rate, "link": link, "layout": layout, "controller": controller}
-        | {"compute_rate": first[key][0]}
+        | {"compute_rate": first[key][0], "ranks_link_gbit": round(ranks_link, 2)}
         | result
         for result in json.loads(out.read_text())
     ]
@@ -744,6 +757,8 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
         spare_cpu=spare,
         oversubscribed=slots > 1,
         gloo=controller(row) == "gloo",
+        # Rows from before the ranks were told the link's rate ran with it unknown.
+        link_gbit=row.get("ranks_link_gbit"),
     )
     layout = buckets.layout(sizes, size)
     last = sum(sizes[i] for i in layout[-1]) * wire if len(layout) > 1 else None

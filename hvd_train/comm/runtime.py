@@ -44,6 +44,7 @@ class Topology:
 _compute_threads: int | None = None
 _spare_cpu: bool | None = None
 _oversubscribed: bool | None = None
+_link_gbit: float | None = None
 GROUP_FUSION_OFF = "HOROVOD_DISABLE_GROUP_FUSION"
 
 
@@ -144,17 +145,24 @@ def init(
             "hvd_train first, or set %s=1 before Python starts",
             placement.ONEDNN_ENV,
         )
-    global _spare_cpu, _oversubscribed
+    global _spare_cpu, _oversubscribed, _link_gbit
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         # A worker joining an elastic job starts alone, with no peer to agree with: the job
-        # takes one bucket, whatever its hosts (the same on every rank without a collective).
-        _spare_cpu, _oversubscribed = False, False
+        # takes one bucket, whatever its hosts and link (the same on every rank without a
+        # collective).
+        _spare_cpu, _oversubscribed, _link_gbit = False, False, None
     else:
-        # One value for the job from every rank's place (the gradient buckets follow it, and
-        # must be alike everywhere).
+        # One value for the job from every rank's place and link rate (the gradient buckets
+        # follow them, and must be alike everywhere).
         mine = (socket.gethostname(), placement.affinity_cpus(), threads, len(physical))
-        ranks = [mine] if local.size == 1 else collectives.allgather_object(mine)
+        found = [(mine, launcher.link_gbit)]
+        if local.size > 1:
+            found = collectives.allgather_object(found[0])
+        ranks = [place for place, _ in found]
         _spare_cpu, _oversubscribed = placement.spare_cpu(ranks), placement.oversubscribed(ranks)
+        rates = [rate for _, rate in found]
+        # The slowest link sets the job's pace; a rank that was not told leaves it unknown.
+        _link_gbit = None if None in rates else min(rates)
 
 
 def onednn_enabled() -> bool | None:
@@ -239,6 +247,16 @@ def oversubscribed() -> bool:
     if _oversubscribed is None:
         raise RuntimeError("hvd_train.init() has not run")
     return _oversubscribed
+
+
+def link_gbit() -> float | None:
+    """The TCP rate between the job's hosts in Gbit/s, the lowest that any rank was given
+    (HVD_TRAIN_LINK_GBIT: `hvd-train launch --launcher auto` measures and passes it); None where
+    some rank was given none, or under Horovod Elastic. The same on every rank (agreed at
+    `init`)."""
+    if _spare_cpu is None:
+        raise RuntimeError("hvd_train.init() has not run")
+    return _link_gbit
 
 
 def compute_threads() -> int:

@@ -9,16 +9,24 @@ same order (the fused buffers, hence the sums' order and bit-exact resume, do no
 timing; Horovod keeps the groups apart under HOROVOD_DISABLE_GROUP_FUSION, which `comm.init`
 sets).
 
-The default size (`bucket_bytes`) follows from the topology and was measured on the cluster of
-docs/network.md: one bucket on one host, where the allreduce is a small part of the step and each
-further bucket only adds a negotiation, and one where the compute exactly fills every core of a
-CPU-only host (the transfer, driven by Horovod's thread, then takes the compute's core instead of
-running beside it) under Open MPI; buckets of `MIN_BUCKET_BYTES` where a host's ranks share its
-cores (their backward passes, at a share of a core, last long enough for the link to carry most
-gradients while they run) and under Gloo (its transfers overlap the busy core's compute);
-otherwise about a quarter of the gradients per bucket, at least `MIN_BUCKET_BYTES` (each bucket
-pays a Horovod cycle and the ring's latency) and at most `MAX_BUCKET_BYTES` (PyTorch DDP's
-default cap).
+The default size (`bucket_bytes`) follows from the topology and the link, as measured on the
+cluster of docs/network.md:
+- one bucket on one host, where the allreduce is a small part of the step and each further
+  bucket only adds a negotiation;
+- where the compute exactly fills every core of a CPU-only host (the transfer, driven by
+  Horovod's thread, then shares the compute's core), it depends on the controller and the TCP
+  rate between the hosts (`link_gbit`, which `hvd-train launch --launcher auto` measures):
+  under Gloo, which waits for its transfers in the kernel, buckets of `MIN_BUCKET_BYTES` hide
+  part of a slow link's transfer behind the backward pass, and one bucket is faster from
+  `GLOO_ONE_BUCKET_FROM_GBIT` up (each bucket's negotiation costs more than it hides); under
+  Open MPI, which polls for them, one bucket is faster on a slow link (a bucket's polling takes
+  the core for as long as its transfer lasts) and small buckets from
+  `MPI_SMALL_BUCKETS_FROM_GBIT` up; an unknown rate keeps the slow link's choice;
+- buckets of `MIN_BUCKET_BYTES` where a host's ranks share its cores (their backward passes, at
+  a share of a core, last long enough for the link to carry most gradients while they run);
+- otherwise about a quarter of the gradients per bucket, at least `MIN_BUCKET_BYTES` (each
+  bucket pays a Horovod cycle and the ring's latency) and at most `MAX_BUCKET_BYTES` (PyTorch
+  DDP's default cap).
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ MIB = 1 << 20
 MIN_BUCKET_BYTES = 1 * MIB
 MAX_BUCKET_BYTES = 25 * MIB
 BUCKETS_ACROSS_HOSTS = 4
+# Gbit/s of TCP between hosts whose cores the ranks' compute fills, from which the other bucket
+# size steps faster (docs/network.md, "Bucket sizes by link rate").
+GLOO_ONE_BUCKET_FROM_GBIT = 4.0
+MPI_SMALL_BUCKETS_FROM_GBIT = 8.0
 
 
 def bucket_bytes(
@@ -38,6 +50,7 @@ def bucket_bytes(
     spare_cpu: bool = True,
     oversubscribed: bool = False,
     gloo: bool = False,
+    link_gbit: float | None = None,
 ) -> int:
     """The bucket size in bytes; 0 means one bucket of everything.
 
@@ -50,6 +63,7 @@ def bucket_bytes(
         (`comm.oversubscribed`).
       gloo: the job's controller is Gloo, whose transfers overlap a busy core's compute where
         Open MPI's take the core from it (docs/network.md).
+      link_gbit: the TCP rate between the hosts in Gbit/s (`comm.link_gbit`); None: unknown.
     """
     if bucket_mb is not None:
         return round(bucket_mb * MIB)
@@ -58,7 +72,12 @@ def bucket_bytes(
     if spare_cpu:
         share = total_bytes // BUCKETS_ACROSS_HOSTS
         return min(MAX_BUCKET_BYTES, max(MIN_BUCKET_BYTES, share))
-    return MIN_BUCKET_BYTES if oversubscribed or gloo else 0
+    if oversubscribed:
+        return MIN_BUCKET_BYTES
+    fast = link_gbit is not None and link_gbit >= (
+        GLOO_ONE_BUCKET_FROM_GBIT if gloo else MPI_SMALL_BUCKETS_FROM_GBIT
+    )
+    return MIN_BUCKET_BYTES if gloo != fast else 0
 
 
 def layout(nbytes: Sequence[int], size: int) -> list[list[int]]:

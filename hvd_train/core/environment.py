@@ -28,6 +28,9 @@ LOCAL_SIZE_VARIABLES = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 # The toolkit's own variables (documented in docs/knobs.md).
 STEP_MS = "HVD_TRAIN_STEP_MS"
 GLOO_CYCLE_COST_MS = "HVD_TRAIN_GLOO_CYCLE_COST_MS"
+# The TCP rate between the job's hosts, as `hvd-train launch --launcher auto` measured it
+# (`core.linkrate`) or the user gives it: the gradient buckets follow it (`core.buckets`).
+LINK_GBIT = "HVD_TRAIN_LINK_GBIT"
 # Read by Open MPI and Horovod when they start; a value the user set wins over the toolkit's.
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 CYCLE_TIME = "HOROVOD_CYCLE_TIME"
@@ -50,6 +53,7 @@ class Launcher:
         where Horovod decides at its start.
       step_ms: the expected step time (HVD_TRAIN_STEP_MS), or None.
       gloo_cycle_cost_ms: HVD_TRAIN_GLOO_CYCLE_COST_MS, or None for the built-in constant.
+      link_gbit: the TCP rate between the job's hosts in Gbit/s (HVD_TRAIN_LINK_GBIT), or None.
       user_set_mpi_yield: the user set Open MPI's yield setting (the toolkit keeps it).
       user_set_cycle_time: the user (or horovodrun --cycle-time-ms) set Horovod's cycle time.
     """
@@ -60,6 +64,7 @@ class Launcher:
     controller: str | None
     step_ms: float | None
     gloo_cycle_cost_ms: float | None
+    link_gbit: float | None
     user_set_mpi_yield: bool
     user_set_cycle_time: bool
 
@@ -69,7 +74,7 @@ def read(environ: Mapping[str, str]) -> Launcher:
 
     Raises:
       LauncherEnvironmentError: a variable whose value is not a positive integer (counts), a
-        non-negative integer (ranks) or a positive number (milliseconds).
+        non-negative integer (ranks) or a positive number (milliseconds, Gbit/s).
     """
     if environ.get("HOROVOD_CONTROLLER") == "gloo":
         controller = "gloo"
@@ -89,8 +94,9 @@ def read(environ: Mapping[str, str]) -> Launcher:
         size=launcher_size(environ),
         local_size=local_size,
         controller=controller,
-        step_ms=_positive_ms(environ, STEP_MS),
-        gloo_cycle_cost_ms=_positive_ms(environ, GLOO_CYCLE_COST_MS),
+        step_ms=_positive(environ, STEP_MS, "milliseconds"),
+        gloo_cycle_cost_ms=_positive(environ, GLOO_CYCLE_COST_MS, "milliseconds"),
+        link_gbit=_positive(environ, LINK_GBIT, "Gbit/s"),
         user_set_mpi_yield=MPI_YIELD in environ,
         user_set_cycle_time=CYCLE_TIME in environ,
     )
@@ -172,7 +178,7 @@ def _positive_int(name: str, text: str, what: str) -> int:
     return value
 
 
-def _positive_ms(environ: Mapping[str, str], name: str) -> float | None:
+def _positive(environ: Mapping[str, str], name: str, unit: str) -> float | None:
     text = environ.get(name)
     if not text:
         return None
@@ -180,8 +186,6 @@ def _positive_ms(environ: Mapping[str, str], name: str) -> float | None:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise LauncherEnvironmentError(
-            f"{name} must be a positive number of milliseconds, got {text!r}"
-        )
+    if not 0 < value < float("inf"):
+        raise LauncherEnvironmentError(f"{name} must be a positive number of {unit}, got {text!r}")
     return value

@@ -23,8 +23,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-from hvd_train.core import linkrate, network, placement, processes
+from hvd_train.core import environment, linkrate, network, placement, processes
 from hvd_train.core.environment import LauncherEnvironmentError
 
 # Environment a rank needs from the launching shell; mpirun does not forward it by itself.
@@ -315,7 +316,7 @@ def build(
     """
     srun_options = {"nodes": nodes, "cpus_per_task": cpus_per_task, "gpus_per_task": gpus_per_task}
     if launcher == "auto":
-        launcher = choose_launcher(hosts, np)[0]
+        launcher = choose_launcher(hosts, np).launcher
     if launcher == "srun":
         if hosts:
             raise ValueError("srun places ranks on the SLURM allocation; hosts are not used")
@@ -379,9 +380,18 @@ def _check_one_name(chosen: network.Interface, hosts: Sequence[str], shell: list
 GLOO_BELOW_GBIT = 2.5
 
 
-def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
+class LauncherChoice(NamedTuple):
+    """What `--launcher auto` chose: the launcher, why, and the TCP rate it measured between the
+    hosts in Gbit/s (None where it measured none), which the ranks' gradient buckets follow."""
+
+    launcher: str
+    why: str
+    link_gbit: float | None = None
+
+
+def choose_launcher(hosts: Sequence[str] | None, np: int) -> LauncherChoice:
     """The launcher `auto` runs `np` ranks with on `hosts` ("name:slots" entries, filled in
-    order as both launchers fill them; None: this host), and why.
+    order as both launchers fill them; None: this host), why, and the link rate it measured.
 
     mpirun, unless each host that gets ranks, asked for its CPUs and GPUs
     (`core.placement.probe`, over Open MPI's agent or ssh as mpirun reaches them), is CPU-only
@@ -408,7 +418,7 @@ def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
         left -= taken
     others = network.other_hosts(list(slots))
     if not others:
-        return "mpirun", "every rank on this host"
+        return LauncherChoice("mpirun", "every rank on this host")
     answers = network.ask_hosts(
         others, ["hvd_train.core.placement"], network.remote_shell("mpirun"), "CPU and GPU probe"
     )
@@ -422,21 +432,27 @@ def choose_launcher(hosts: Sequence[str] | None, np: int) -> tuple[str, str]:
         for (name, count), (cpus, _, gpus) in zip(slots.items(), loads, strict=True)
     )
     if not placement.fills_cpu_hosts(loads):
-        return "mpirun", f"not every host is CPU-only with its cores filled by the ranks ({shown})"
+        return LauncherChoice(
+            "mpirun", f"not every host is CPU-only with its cores filled by the ranks ({shown})"
+        )
     filled = f"CPU-only hosts whose ranks' compute fills every core ({shown})"
     if len(others) == len(slots):
         # horovodrun's driver finds the job's interface by name here: from outside the job's
         # hosts it may find none (`_check_one_name`), and the link measured from here would not
         # be the job's.
-        return "mpirun", f"{filled}; on a slow link Gloo steps faster, run from one of the hosts"
+        return LauncherChoice(
+            "mpirun", f"{filled}; on a slow link Gloo steps faster, run from one of the hosts"
+        )
     try:
         rate = linkrate.measure(others[0], network.remote_shell("mpirun"))
     except LauncherEnvironmentError as err:
-        return "mpirun", f"{filled}; the link rate is unknown ({err})"
+        return LauncherChoice("mpirun", f"{filled}; the link rate is unknown ({err})")
     measured = f"{filled}; TCP to {rate.host}: {rate.gbit_s:.2f} Gbit/s"
     if rate.gbit_s < GLOO_BELOW_GBIT:
-        return "horovodrun-gloo", f"{measured}, under {GLOO_BELOW_GBIT:g}: Gloo steps faster"
-    return "mpirun", f"{measured}, not under {GLOO_BELOW_GBIT:g}: Open MPI steps faster"
+        why = f"{measured}, under {GLOO_BELOW_GBIT:g}: Gloo steps faster"
+        return LauncherChoice("horovodrun-gloo", why, rate.gbit_s)
+    why = f"{measured}, not under {GLOO_BELOW_GBIT:g}: Open MPI steps faster"
+    return LauncherChoice("mpirun", why, rate.gbit_s)
 
 
 LAUNCHERS = ("mpirun", "auto", "horovodrun", "horovodrun-gloo", "horovodrun-mpi", "srun")
@@ -490,10 +506,14 @@ def parse(
         # filters) follows the chosen one.
         try:
             hosts = args.hosts.split(",") if args.hosts else read_hostfile(args.hostfile)
-            args.launcher, why = choose_launcher(hosts, args.np)
+            args.launcher, why, gbit = choose_launcher(hosts, args.np)
         except (ValueError, LauncherEnvironmentError) as err:
             parser.error(str(err))
         print(f"launch: --launcher auto: {args.launcher} ({why})", file=sys.stderr, flush=True)
+        if gbit is not None and environment.LINK_GBIT not in os.environ:
+            # The ranks size their gradient buckets by the link (`core.buckets`): every launcher
+            # forwards the HVD_TRAIN_ variables to them. A rate the user set stands.
+            os.environ[environment.LINK_GBIT] = f"{gbit:.2f}"
     return args, command
 
 

@@ -24,6 +24,7 @@ gradients while the backward pass still computes the early ones.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import warnings
 from typing import Any
@@ -35,6 +36,8 @@ from hvd_train import comm
 from hvd_train.core import buckets
 from hvd_train.keras import compat, embedding
 from hvd_train.keras import stop as stop_flags
+
+log = logging.getLogger("hvd_train")
 
 _classes: dict[tuple[type, bool], type] = {}
 
@@ -243,10 +246,27 @@ def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]
     nbytes = [v.shape.num_elements() * v.dtype.size for v in values]
     # An elastic job runs Gloo too, and keeps one bucket (comm.init: no peer agrees at start).
     gloo = comm.controller() == "gloo" and os.environ.get("HOROVOD_ELASTIC") != "1"
+    link = comm.link_gbit()
     size = buckets.bucket_bytes(
-        sum(nbytes), comm.cross_size(), bucket_mb, comm.spare_cpu(), comm.oversubscribed(), gloo
+        sum(nbytes),
+        comm.cross_size(),
+        bucket_mb,
+        comm.spare_cpu(),
+        comm.oversubscribed(),
+        gloo,
+        link,
     )
-    return buckets.layout(nbytes, size)
+    layout = buckets.layout(nbytes, size)
+    if comm.rank() == 0:
+        log.info(
+            "gradient buckets: %d, %s (%.1f MiB of gradients; %s, link %s)",
+            len(layout),
+            f"{size / buckets.MIB:g} MiB each" if size else "one group",
+            sum(nbytes) / buckets.MIB,
+            comm.controller(),
+            "unknown" if link is None else f"{link:g} Gbit/s",
+        )
+    return layout
 
 
 def group_layout(groups: int | list[list[Any]], variables: list[Any]) -> list[list[int]]:

@@ -58,7 +58,8 @@ def placement(hosts: list[str]) -> dict[str, list[int]]:
 
 def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
     """What is saved with every launch: config, command, placement (Horovod's local and cross
-    size on rank 0), versions, Horovod's and Open MPI's settings, revision."""
+    size on rank 0), the link rate the buckets followed, versions, Horovod's and Open MPI's
+    settings, revision."""
     topology = comm.topology()
     return {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -67,6 +68,8 @@ def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
         "local_size": topology.local_size,
         "cross_size": topology.cross_size,
         "controller": comm.controller(),
+        # The link rate the gradient buckets followed (HVD_TRAIN_LINK_GBIT), or None.
+        "link_gbit": comm.link_gbit(),
         "versions": versions(),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         # Open MPI's settings in this rank's environment (the user's, or hvd_train.init()'s).

@@ -261,6 +261,9 @@ def test_auto_launcher_measures_the_link_where_the_ranks_fill_the_hosts(cluster:
     run = json.loads((run_dir / "run.json").read_text())
     assert run["controller"] == "gloo" and run["hosts"] == {"h1": [0], "h2": [1]}
     assert run["horovod_env"].get("HOROVOD_CYCLE_TIME") == "50", run["horovod_env"]
+    # The ranks were given the rate auto measured, and sized their gradient buckets by it.
+    assert run["link_gbit"] == shaped, run["link_gbit"]
+    assert re.search(rf"gradient buckets: \d+, .*; gloo, link {shaped:g} Gbit/s\)", job.output)
     four = ["launch", "--np", "4", "--hosts", "h1:2,h2:2", "--dry-run", *auto, *TRAIN]
     shared = jobs.run([*LAUNCH, *HVD_TRAIN, *four], 120, env=cluster.env())
     assert shared.returncode == 0, shared.tail()

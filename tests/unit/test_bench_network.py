@@ -100,6 +100,11 @@ def test_plan_inputs_of_the_toolkit_are_its_own_bucket_layout():
     under_gloo = network.plan_inputs(row(controller="gloo"), toolkit)
     assert under_gloo["buffers"] == len(small) > 1
     assert network.plan_inputs(row(controller="mpi"), toolkit)["buffers"] == 1
+    # Where the ranks were told the link's rate the default follows it: at 9.56 Gbit/s one
+    # bucket under Gloo, the smallest under MPI; rows without the rate keep the slow link's.
+    fast = {"ranks_link_gbit": 9.56}
+    assert network.plan_inputs(row(controller="gloo") | fast, toolkit)["buffers"] == 1
+    assert network.plan_inputs(row(controller="mpi") | fast, toolkit)["buffers"] == len(small)
 
 
 def test_plan_inputs_of_per_tensor_allreduce_end_with_the_first_layer():

@@ -67,12 +67,39 @@ def test_smallest_buckets_under_gloo_where_the_compute_fills_the_cores():
     assert buckets.bucket_bytes(100 * MIB, 1, None, False, gloo=True) == 0
 
 
+@pytest.mark.parametrize("gloo", [True, False])
+def test_on_filled_cores_the_bucket_size_follows_the_link_rate(gloo):
+    # Gloo: small buckets on a slow link, one from the threshold up; Open MPI the other way
+    # round; an unknown rate keeps the slow link's choice.
+    threshold = buckets.GLOO_ONE_BUCKET_FROM_GBIT if gloo else buckets.MPI_SMALL_BUCKETS_FROM_GBIT
+    slow, fast = (MIB, 0) if gloo else (0, MIB)
+
+    def size(link):
+        return buckets.bucket_bytes(100 * MIB, 2, None, False, gloo=gloo, link_gbit=link)
+
+    assert [size(None), size(0.96), size(threshold * 0.99)] == [slow] * 3
+    assert [size(threshold), size(9.56)] == [fast] * 2
+    # Where the rate does not enter: the user's size, one host, a spare core, shared cores.
+    assert buckets.bucket_bytes(100 * MIB, 2, 4.0, False, gloo=gloo, link_gbit=9.56) == 4 * MIB
+    assert buckets.bucket_bytes(100 * MIB, 1, None, False, gloo=gloo, link_gbit=9.56) == 0
+    assert buckets.bucket_bytes(100 * MIB, 2, None, True, gloo=gloo, link_gbit=0.96) == 25 * MIB
+    shared = buckets.bucket_bytes(100 * MIB, 2, None, False, True, gloo, link_gbit=9.56)
+    assert shared == MIB
+
+
 @pytest.mark.parametrize(
-    ("controller", "elastic", "buckets_expected"),
-    [("gloo", False, 3), ("mpi", False, 1), ("gloo", True, 1)],
+    ("controller", "elastic", "link", "buckets_expected"),
+    [
+        ("gloo", False, None, 3),
+        ("mpi", False, None, 1),
+        ("gloo", True, None, 1),
+        ("gloo", False, 9.56, 1),
+        ("mpi", False, 9.56, 3),
+        ("mpi", False, 0.96, 1),
+    ],
 )
-def test_the_optimizer_takes_small_buckets_under_gloo_but_not_when_elastic(
-    monkeypatch, controller, elastic, buckets_expected
+def test_the_optimizer_takes_the_buckets_of_its_controller_and_link_but_one_when_elastic(
+    monkeypatch, caplog, controller, elastic, link, buckets_expected
 ):
     import tensorflow as tf
 
@@ -80,7 +107,8 @@ def test_the_optimizer_takes_small_buckets_under_gloo_but_not_when_elastic(
     from hvd_train.keras import optimizer
 
     # Two hosts whose compute fills their one core each, as the cluster of tests/cluster.
-    for name, value in [("cross_size", 2), ("spare_cpu", False), ("oversubscribed", False)]:
+    found = [("cross_size", 2), ("spare_cpu", False), ("oversubscribed", False), ("rank", 0)]
+    for name, value in [*found, ("link_gbit", link)]:
         monkeypatch.setattr(comm, name, lambda value=value: value)
     monkeypatch.setattr(comm, "controller", lambda: controller)
     if elastic:
@@ -89,4 +117,8 @@ def test_the_optimizer_takes_small_buckets_under_gloo_but_not_when_elastic(
         monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
     values = [tf.zeros([MIB // 4]) for _ in range(3)]  # 1 MiB of float32 each
 
-    assert len(optimizer.bucket_layout(values, None)) == buckets_expected
+    with caplog.at_level("INFO", logger="hvd_train"):
+        assert len(optimizer.bucket_layout(values, None)) == buckets_expected
+    said = "unknown" if link is None else f"{link:g} Gbit/s"
+    assert f"gradient buckets: {buckets_expected}, " in caplog.text
+    assert f"(3.0 MiB of gradients; {controller}, link {said})" in caplog.text

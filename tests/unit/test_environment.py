@@ -63,11 +63,12 @@ def test_tuning_variables_and_what_the_user_set():
     got = environment.read(
         {"HVD_TRAIN_STEP_MS": "250", "HVD_TRAIN_GLOO_CYCLE_COST_MS": "2.5"}
         | {"HOROVOD_CYCLE_TIME": "20", "OMPI_MCA_mpi_yield_when_idle": "0"}
+        | {"HVD_TRAIN_LINK_GBIT": "9.56"}
     )
-    assert (got.step_ms, got.gloo_cycle_cost_ms) == (250.0, 2.5)
+    assert (got.step_ms, got.gloo_cycle_cost_ms, got.link_gbit) == (250.0, 2.5, 9.56)
     assert got.user_set_cycle_time and got.user_set_mpi_yield
     plain = environment.read({})
-    assert plain.step_ms is None and plain.gloo_cycle_cost_ms is None
+    assert plain.step_ms is None and plain.gloo_cycle_cost_ms is None and plain.link_gbit is None
     assert not plain.user_set_cycle_time and not plain.user_set_mpi_yield
 
 
@@ -76,6 +77,8 @@ def test_tuning_variables_and_what_the_user_set():
     [
         ({"HVD_TRAIN_STEP_MS": "fast"}, "HVD_TRAIN_STEP_MS must be a positive number of ms"),
         ({"HVD_TRAIN_GLOO_CYCLE_COST_MS": "-1"}, "HVD_TRAIN_GLOO_CYCLE_COST_MS must be a positive"),
+        ({"HVD_TRAIN_LINK_GBIT": "10g"}, "HVD_TRAIN_LINK_GBIT must be a positive number of Gbit/s"),
+        ({"HVD_TRAIN_LINK_GBIT": "inf"}, "HVD_TRAIN_LINK_GBIT must be a positive number of Gbit/s"),
         ({"HOROVOD_LOCAL_SIZE": "0"}, "HOROVOD_LOCAL_SIZE: expected a positive count, got '0'"),
         (
             {"SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2x3", "SLURM_NODEID": "0"},

@@ -1,6 +1,7 @@
 """Launch argv builders, to the exact list."""
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from hvd_train import cli
-from hvd_train.core import launch, linkrate, placement
+from hvd_train.core import environment, launch, linkrate, placement
 
 CMD = ["python", "train.py", "--epochs", "2"]
 
@@ -656,24 +657,25 @@ def test_auto_asks_the_hosts_and_measures_the_link_only_where_the_ranks_fill_cpu
     # stays unknown, and mpirun runs.
     unknown = "the link rate is unknown (host 'fake-b' does not resolve"
     # One rank per core on this host and on another: filled, none shared.
-    chosen, why = launch.choose_launcher([f"localhost:{cpus}", f"fake-b:{cpus}"], 2 * cpus)
-    assert chosen == "mpirun" and FILLED in why and unknown in why
+    chosen, why, gbit = launch.choose_launcher([f"localhost:{cpus}", f"fake-b:{cpus}"], 2 * cpus)
+    assert chosen == "mpirun" and FILLED in why and unknown in why and gbit is None
     assert f"fake-b: {cpus} rank(s), {cpus} CPU(s), 0 GPU(s)" in why
     # One rank per host, its threads taking every core: filled as well.
-    assert unknown in launch.choose_launcher(["localhost:1", "fake-b:1"], 2)[1]
+    assert unknown in launch.choose_launcher(["localhost:1", "fake-b:1"], 2).why
     # More ranks than cores: they take turns on a core.
-    chosen, why = launch.choose_launcher([f"localhost:{cpus + 1}", "fake-b:1"], cpus + 2)
+    chosen, why, _ = launch.choose_launcher([f"localhost:{cpus + 1}", "fake-b:1"], cpus + 2)
     assert chosen == "mpirun" and why.startswith("not every host is CPU-only")
     # The ranks fill the first host and never reach the second: one host, nothing asked.
     assert launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus) == (
         "mpirun",
         "every rank on this host",
+        None,
     )
     # A host whose shell runs on one CPU (a binding, as the test cluster's): two ranks share it.
     monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", f"taskset -c 0 {HERE_AGENT}")
-    chosen, why = launch.choose_launcher([f"localhost:{cpus}", "fake-b:2"], cpus + 2)
+    why = launch.choose_launcher([f"localhost:{cpus}", "fake-b:2"], cpus + 2).why
     assert FILLED not in why and "fake-b: 2 rank(s), 1 CPU(s), 0 GPU(s)" in why
-    assert FILLED in launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1)[1]
+    assert FILLED in launch.choose_launcher([f"localhost:{cpus}", "fake-b:1"], cpus + 1).why
 
 
 @pytest.mark.parametrize(
@@ -695,13 +697,39 @@ def test_auto_runs_gloo_on_filled_hosts_under_the_rate_where_it_steps_faster(
         return linkrate.LinkRate(host, megabytes=gbit * 125, seconds=1.0)
 
     monkeypatch.setattr(linkrate, "measure", measure)
-    got, why = launch.choose_launcher(["localhost:1", "fake-b:1"], 2)
+    got, why, measured = launch.choose_launcher(["localhost:1", "fake-b:1"], 2)
     assert (got, asked) == (chosen, [("fake-b", shlex.split(HERE_AGENT))])
+    assert measured == pytest.approx(gbit)
     assert f"{FILLED} (localhost: 1 rank(s)" in why and f"; TCP to fake-b: {gbit:.2f} Gbit/s" in why
     # From outside the hosts the link measured would not be the job's: nothing is measured.
     asked.clear()
-    got, why = launch.choose_launcher(["fake-a:1", "fake-b:1"], 2)
+    got, why, measured = launch.choose_launcher(["fake-a:1", "fake-b:1"], 2)
     assert got == "mpirun" and not asked and why.endswith("run from one of the hosts")
+    assert measured is None
+
+
+@pytest.mark.parametrize(("user_set", "passed"), [(None, "9.40"), ("1.5", "1.5")])
+def test_auto_passes_the_rate_it_measured_to_the_ranks_unless_the_user_gave_one(
+    monkeypatch, capsys, user_set, passed
+):
+    monkeypatch.setenv("OMPI_MCA_plm_rsh_agent", HERE_AGENT)
+    if placement.probe()["gpus"]:
+        pytest.skip("this host has GPUs: the hosts are never filled CPU-only ones")
+    monkeypatch.setattr(
+        linkrate, "measure", lambda host, shell: linkrate.LinkRate(host, 9.4 * 125, 1.0)
+    )
+    # Set, then removed: the test's end restores the variable's absence, whatever `main` set.
+    monkeypatch.setenv(environment.LINK_GBIT, "")
+    monkeypatch.delenv(environment.LINK_GBIT)
+    if user_set is not None:
+        monkeypatch.setenv(environment.LINK_GBIT, user_set)
+    argv = ["--launcher", "auto", "--hosts", "localhost:1,fake-b:1", "--", *CMD]
+    args, _ = launch.parse(launch.make_parser("launch"), argv)
+    assert args.launcher == "mpirun"
+    assert "TCP to fake-b: 9.40 Gbit/s" in capsys.readouterr().err
+    assert os.environ[environment.LINK_GBIT] == passed
+    # Every launcher passes it on to the ranks (mpirun with -x).
+    assert environment.LINK_GBIT in launch.forwarded_env_names(launch.launch_env(os.environ))
 
 
 def test_auto_on_this_host_asks_nothing_and_runs_mpirun(monkeypatch, capsys):
