@@ -272,9 +272,11 @@ def worker(
     import models
     from hvd_train.core import config as config_lib
     from hvd_train.keras import compat
+    from hvd_train.keras.optimizer import bucket_layout
     from hvd_train.training import setup
 
     rank, size = comm.rank(), comm.size()
+    link = comm.link_gbit()  # HVD_TRAIN_LINK_GBIT as the driver passed it
     x, y = synthetic_batch(case, rank)
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -362,6 +364,8 @@ def worker(
             setup.compile_distributed(model, cfg, lr)
             optimizer = None
             callbacks = list(distributed_callbacks())
+            # The buckets its optimizer sends, by the rule it applies (`core.buckets`).
+            chosen = bucket_layout(model.trainable_variables, cfg.optimizer.bucket_mb)
         elif variant.kind == "per_tensor":
             optimizer = _per_tensor_sgd(keras, lr)
         else:
@@ -376,6 +380,8 @@ def worker(
             "kind": variant.kind,
             "wall_s": time.perf_counter() - started,
         }
+        if variant.kind == "toolkit":
+            result["variants"][variant.name] |= {"buckets": len(chosen), "link_gbit": link}
         if rank == 0:
             print(f"{case.name} {variant.name}: {step_ms:.1f} ms/step", flush=True)
     return result

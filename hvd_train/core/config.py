@@ -141,8 +141,8 @@ class OptimizerConfig:
       gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
       bucket_mb: gradients per grouped allreduce, in MiB, from the last layer backwards, so that
         the late layers' gradients are sent while the backward pass computes the early ones; 0:
-        one allreduce of all gradients; null: one on one host, else about a quarter of the
-        gradients, 1 to 25 MiB (`hvd_train.core.buckets`).
+        one allreduce of all gradients; null: derived from the hosts, the controller and the
+        link's rate (`hvd_train.core.buckets`).
       reduction: how each bucket is reduced across hosts: "flat" (one allreduce over all ranks),
         "two_level" (within each host, then across hosts among the ranks of equal local rank,
         then within each host: each host sends a bucket's bytes once each way; for slow links,

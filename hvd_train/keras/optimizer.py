@@ -341,7 +341,8 @@ def DistributedOptimizer(
         b update like one pass of batch k*b. Horovod's Keras default is the sum (False).
       bucket_mb: gradients per grouped allreduce, in MiB, taken from the last layer backwards, so
         that early buckets are sent while the backward pass runs; 0: one bucket of all; None
-        (default): derived from the topology (`core.buckets.bucket_bytes`).
+        (default): derived from the topology, the controller and the link's rate
+        (`core.buckets.bucket_bytes`).
       reduction: how each bucket is reduced: "flat" (one ring over all ranks), "two_level"
         (within each host, across hosts, within each host again: `comm.reduction`), or "auto"
         (the topology's rule, `comm.resolve_reduction`; HVD_TRAIN_REDUCTION overrides it). Choosing
