@@ -365,7 +365,8 @@ def worker(
             optimizer = None
             callbacks = list(distributed_callbacks())
             # The buckets its optimizer sends, by the rule it applies (`core.buckets`).
-            chosen = bucket_layout(model.trainable_variables, cfg.optimizer.bucket_mb)
+            shapes = [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables]
+            chosen = bucket_layout(shapes, cfg.optimizer.bucket_mb)
         elif variant.kind == "per_tensor":
             optimizer = _per_tensor_sgd(keras, lr)
         else:
