@@ -40,7 +40,7 @@ BUCKETS_ACROSS_HOSTS = 4
 # Gbit/s of TCP between hosts whose cores the ranks' compute fills, from which the other bucket
 # size steps faster (docs/network.md, "Bucket sizes by link rate").
 GLOO_ONE_BUCKET_FROM_GBIT = 4.0
-MPI_SMALL_BUCKETS_FROM_GBIT = 8.0
+MPI_SMALL_BUCKETS_FROM_GBIT = 6.0
 
 
 def bucket_bytes(
