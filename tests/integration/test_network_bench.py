@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from jobs import REPO
 
+from hvd_train.core import buckets
+
 STATE = Path("/run/hvd_train_cluster_bench")
 TC_RATE_MB_PER_S = 125.0  # 1gbit, each way
 
@@ -79,3 +81,11 @@ def test_quick_network_benchmark_writes_consistent_results(tmp_path: Path):
             (row["ceiling_ms"] + row["allreduce_ms"] - v["step_ms"]) / row["allreduce_ms"]
         )
     assert result["residuals"]["points"] == 2
+    # The ranks were given the probe's reading, and the toolkit sent the buckets its rule gives
+    # for it (2 one-CPU hosts that one rank each fills, Open MPI).
+    assert row["ranks_link_gbit"] == round(row["link"]["tcp_probe_gbit_s"], 2)
+    toolkit = row["variants"]["toolkit"]
+    assert toolkit["link_gbit"] == row["ranks_link_gbit"]
+    sizes = row["gradient_bytes_per_tensor"]
+    size = buckets.bucket_bytes(sum(sizes), 2, None, False, link_gbit=row["ranks_link_gbit"])
+    assert toolkit["buckets"] == len(buckets.layout(sizes, size)) == 1
