@@ -1,5 +1,7 @@
 """The TCP rate from this host to another, measured before a job starts: `--launcher auto` picks
-the controller by it where CPU-only hosts are filled by the ranks (`core.launch.choose_launcher`).
+the controller by it where CPU-only hosts are filled by the ranks (`core.launch.choose_launcher`);
+and the parts of the same probe that the ranks of a job run at start where no launcher gave them
+the rate (`comm.linkprobe`: `listen`, `send_phases`, `send`, `receive`).
 
 `python -m hvd_train.core.linkrate --receive` runs on the other host over the launcher's remote
 shell: it listens on a free port, names it in one JSON line, reads one connection to its end and
@@ -32,6 +34,9 @@ SEND_S = 0.5
 SKIP_S = 0.1
 ANSWER_TIMEOUT_S = 30  # the remote shell's start and Python's, as the other launch probes
 CHUNK = 1 << 20
+TOKEN_BYTES = 16
+# Inside a job every rank is up already: a peer that does not connect or send within this is gone.
+PEER_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -118,23 +123,70 @@ def _stop(receiver: subprocess.Popen) -> None:
         receiver.wait()
 
 
-def receive(listener: socket.socket) -> dict[str, float]:
+def receive(listener: socket.socket, token: bytes = b"") -> dict[str, float]:
     """Read one connection on `listener` to its end: the bytes that arrived after the first
-    SKIP_S and the seconds from then to the last."""
-    conn, _ = listener.accept()
-    conn.settimeout(listener.gettimeout())
-    with conn:
-        buffer = memoryview(bytearray(CHUNK))
-        first = start = last = 0.0
-        total = skipped = 0
-        while count := conn.recv_into(buffer):
-            last = time.perf_counter()
-            if not total:
-                first = start = last
-            total += count
-            if last - first < SKIP_S:
-                start, skipped = last, total
+    SKIP_S and the seconds from then to the last. With a `token`, a connection whose first bytes
+    are not the token is closed unread and the next one taken (another program found the port)."""
+    while True:
+        conn, _ = listener.accept()
+        conn.settimeout(listener.gettimeout())
+        with conn:
+            if token and _read_exactly(conn, len(token)) != token:
+                continue
+            return _count(conn)
+
+
+def _read_exactly(conn: socket.socket, count: int) -> bytes:
+    got = b""
+    while len(got) < count and (part := conn.recv(count - len(got))):
+        got += part
+    return got
+
+
+def _count(conn: socket.socket) -> dict[str, float]:
+    buffer = memoryview(bytearray(CHUNK))
+    first = start = last = 0.0
+    total = skipped = 0
+    while count := conn.recv_into(buffer):
+        last = time.perf_counter()
+        if not total:
+            first = start = last
+        total += count
+        if last - first < SKIP_S:
+            start, skipped = last, total
     return {"bytes": total - skipped, "seconds": last - start}
+
+
+def listen(address: str) -> tuple[socket.socket, bytes]:
+    """A listener on a free port of `address` for one probe inside a job, and the token its
+    sender must send first (`send`, `receive`)."""
+    listener = socket.create_server((address, 0))
+    listener.settimeout(PEER_TIMEOUT_S)
+    return listener, os.urandom(TOKEN_BYTES)
+
+
+def send(address: str, port: int, token: bytes, send_s: float = SEND_S) -> None:
+    """Send `token`, then zeros for `send_s`, to a `listen`er at `address`:`port`."""
+    with socket.create_connection((address, port), timeout=PEER_TIMEOUT_S) as out:
+        out.sendall(token)
+        zeros = memoryview(bytes(CHUNK))
+        end = time.perf_counter() + send_s
+        while time.perf_counter() < end:
+            out.sendall(zeros)
+
+
+def send_phases(hosts: int) -> list[int]:
+    """In which phase host i sends to host i + 1 (mod `hosts`), so that no host sends and
+    receives in the same phase: on a host whose one core also runs the TCP stack, a probe sent
+    while another arrives reads a fraction of the link (a 10 Gbit/s link read 6-8 Gbit/s both
+    ways at once against 9.5 one way). Alternate phases around the ring, and a third for the
+    last host of an odd ring."""
+    if hosts < 2:
+        return []
+    phases = [i % 2 for i in range(hosts)]
+    if hosts % 2:
+        phases[-1] = 2
+    return phases
 
 
 def main(argv: Sequence[str]) -> int:

@@ -104,3 +104,40 @@ def test_the_module_measures_to_a_host_as_mpirun_reaches_it():
     assert got["gbit_s"] == pytest.approx(got["megabytes"] * 8 / 1000 / got["seconds"], abs=1e-3)
     bad = subprocess.run([*argv[:3], "a", "b"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr == "usage: python -m hvd_train.core.linkrate HOST\n"
+
+
+@pytest.mark.parametrize("hosts", range(2, 10))
+def test_no_host_sends_and_receives_in_the_same_phase(hosts):
+    phases = linkrate.send_phases(hosts)
+    # Host i receives from host i - 1 in that host's phase.
+    assert all(phases[i] != phases[i - 1] for i in range(hosts)), phases
+    assert max(phases) + 1 == (2 if hosts % 2 == 0 else 3)  # each phase costs SEND_S
+    assert linkrate.send_phases(1) == []
+
+
+def test_receive_passes_over_a_connection_without_the_token():
+    listener, token = linkrate.listen("127.0.0.1")
+    with listener:
+        port = listener.getsockname()[1]
+
+        def stranger_then_sender() -> None:
+            with socket.create_connection(("127.0.0.1", port)) as stranger:
+                stranger.sendall(bytes(len(token)) + bytes(1 << 20))  # zeros: not the token
+            linkrate.send("127.0.0.1", port, token, send_s=0.3)
+
+        sender = threading.Thread(target=stranger_then_sender)
+        sender.start()
+        got = linkrate.receive(listener, token)
+        sender.join()
+    # What was counted is the sender's 0.3 s (less the skipped start), not the stranger's burst.
+    assert 0.3 - linkrate.SKIP_S - 0.1 < got["seconds"] < 0.3 + 0.1, got
+    assert got["bytes"] > 0
+
+
+def test_receive_without_a_sender_ends_at_its_timeout():
+    listener, token = linkrate.listen("127.0.0.1")
+    listener.settimeout(0.5)
+    start = time.monotonic()
+    with listener, pytest.raises(TimeoutError):
+        linkrate.receive(listener, token)
+    assert time.monotonic() - start < 3
