@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from hvd_train.comm import collectives, groups, reduction
+from hvd_train.comm import collectives, groups, linkprobe, reduction
 from hvd_train.comm import horovod as backend
 from hvd_train.core import environment, network, placement
 
@@ -45,6 +45,7 @@ _compute_threads: int | None = None
 _spare_cpu: bool | None = None
 _oversubscribed: bool | None = None
 _link_gbit: float | None = None
+_link_from: str | None = None
 GROUP_FUSION_OFF = "HOROVOD_DISABLE_GROUP_FUSION"
 
 
@@ -145,24 +146,47 @@ def init(
             "hvd_train first, or set %s=1 before Python starts",
             placement.ONEDNN_ENV,
         )
-    global _spare_cpu, _oversubscribed, _link_gbit
+    _agree_on_place_and_link(launcher, threads, len(physical), local)
+
+
+def _agree_on_place_and_link(
+    launcher: environment.Launcher, threads: int, gpus: int, local: Topology
+) -> None:
+    """One value for the job, on every rank, of whether a core is spare, whether the cores are
+    oversubscribed and the link rate: the gradient buckets follow them, and must be alike
+    everywhere (collective)."""
+    global _spare_cpu, _oversubscribed, _link_gbit, _link_from
     if os.environ.get("HOROVOD_ELASTIC") == "1":
         # A worker joining an elastic job starts alone, with no peer to agree with: the job
         # takes one bucket, whatever its hosts and link (the same on every rank without a
         # collective).
-        _spare_cpu, _oversubscribed, _link_gbit = False, False, None
-    else:
-        # One value for the job from every rank's place and link rate (the gradient buckets
-        # follow them, and must be alike everywhere).
-        mine = (socket.gethostname(), placement.affinity_cpus(), threads, len(physical))
-        found = [(mine, launcher.link_gbit)]
-        if local.size > 1:
-            found = collectives.allgather_object(found[0])
-        ranks = [place for place, _ in found]
-        _spare_cpu, _oversubscribed = placement.spare_cpu(ranks), placement.oversubscribed(ranks)
-        rates = [rate for _, rate in found]
-        # The slowest link sets the job's pace; a rank that was not told leaves it unknown.
-        _link_gbit = None if None in rates else min(rates)
+        _spare_cpu, _oversubscribed, _link_gbit, _link_from = False, False, None, None
+        return
+    mine = (socket.gethostname(), placement.affinity_cpus(), threads, gpus)
+    found = [(mine, launcher.link_gbit)]
+    if local.size > 1:
+        found = collectives.allgather_object(found[0])
+    ranks = [place for place, _ in found]
+    _spare_cpu, _oversubscribed = placement.spare_cpu(ranks), placement.oversubscribed(ranks)
+    rates = [rate for _, rate in found]
+    # The slowest link sets the job's pace; a rank that was not told leaves it unknown.
+    _link_gbit = None if None in rates else min(rates)
+    _link_from = None if _link_gbit is None else environment.LINK_GBIT
+    hosts = [place[0] for place in ranks]
+    if _link_gbit is None and len(set(hosts)) > 1 and not _spare_cpu and not _oversubscribed:
+        # Where the compute fills CPU-only hosts the bucket size follows the link
+        # (core.buckets): measure it, as --launcher auto would have (half a second a phase,
+        # two or three phases).
+        probed = linkprobe.measure(hosts, local.rank)
+        _link_gbit = probed.gbit_s
+        _link_from = f"{'measured at start' if probed.gbit_s else 'not measured'}: {probed.why}"
+        if local.rank == 0 and probed.gbit_s is None:
+            log.warning(
+                "link rate %s: the gradient buckets take the slow link's choice; set %s to the "
+                "rate in Gbit/s",
+                _link_from,
+                environment.LINK_GBIT,
+            )
 
 
 def onednn_enabled() -> bool | None:
@@ -250,13 +274,22 @@ def oversubscribed() -> bool:
 
 
 def link_gbit() -> float | None:
-    """The TCP rate between the job's hosts in Gbit/s, the lowest that any rank was given
-    (HVD_TRAIN_LINK_GBIT: `hvd-train launch --launcher auto` measures and passes it); None where
-    some rank was given none, or under Horovod Elastic. The same on every rank (agreed at
-    `init`)."""
+    """The TCP rate between the job's hosts in Gbit/s: the lowest that any rank was given
+    (HVD_TRAIN_LINK_GBIT: `hvd-train launch --launcher auto` measures and passes it), or, where
+    none was given and the compute fills CPU-only hosts, what the ranks measured at `init`
+    (`comm.linkprobe`); None otherwise, where that probe failed, and under Horovod Elastic. The
+    same on every rank (agreed at `init`)."""
     if _spare_cpu is None:
         raise RuntimeError("hvd_train.init() has not run")
     return _link_gbit
+
+
+def link_gbit_from() -> str | None:
+    """Where `link_gbit` came from: "HVD_TRAIN_LINK_GBIT"; "measured at start: " and the link
+    that set it; "not measured: " and why (the rate is then None); None where nothing asked."""
+    if _spare_cpu is None:
+        raise RuntimeError("hvd_train.init() has not run")
+    return _link_from
 
 
 def compute_threads() -> int:

@@ -15,7 +15,7 @@ cluster of docs/network.md:
   bucket only adds a negotiation;
 - where the compute exactly fills every core of a CPU-only host (the transfer, driven by
   Horovod's thread, then shares the compute's core), it depends on the controller and the TCP
-  rate between the hosts (`link_gbit`, which `hvd-train launch --launcher auto` measures):
+  rate between the hosts (`link_gbit`: `hvd-train launch --launcher auto` or the ranks measure it):
   under Gloo, which waits for its transfers in the kernel, buckets of `MIN_BUCKET_BYTES` hide
   part of a slow link's transfer behind the backward pass, and one bucket is faster from
   `GLOO_ONE_BUCKET_FROM_GBIT` up (each bucket's negotiation costs more than it hides); under

@@ -29,7 +29,8 @@ LOCAL_SIZE_VARIABLES = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
 STEP_MS = "HVD_TRAIN_STEP_MS"
 GLOO_CYCLE_COST_MS = "HVD_TRAIN_GLOO_CYCLE_COST_MS"
 # The TCP rate between the job's hosts, as `hvd-train launch --launcher auto` measured it
-# (`core.linkrate`) or the user gives it: the gradient buckets follow it (`core.buckets`).
+# (`core.linkrate`) or the user gives it: the gradient buckets follow it (`core.buckets`); where
+# it is not given, the ranks measure it at start (`comm.linkprobe`).
 LINK_GBIT = "HVD_TRAIN_LINK_GBIT"
 # Read by Open MPI and Horovod when they start; a value the user set wins over the toolkit's.
 MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"

@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from hvd_train import comm
-from hvd_train.core import buckets
+from hvd_train.core import buckets, environment
 from hvd_train.keras import compat, embedding
 from hvd_train.keras import stop as stop_flags
 
@@ -264,9 +264,18 @@ def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]
             f"{size / buckets.MIB:g} MiB each" if size else "one group",
             sum(nbytes) / buckets.MIB,
             comm.controller(),
-            "unknown" if link is None else f"{link:g} Gbit/s",
+            _link_said(link, comm.link_gbit_from()),
         )
     return layout
+
+
+def _link_said(link: float | None, source: str | None) -> str:
+    """The link's part of the bucket line: "9.52 Gbit/s, from HVD_TRAIN_LINK_GBIT",
+    "0.95 Gbit/s, measured at start: ...", "unknown, not measured: ...", "unknown"."""
+    said = "unknown" if link is None else f"{link:g} Gbit/s"
+    if source == environment.LINK_GBIT:
+        return f"{said}, from {source}"
+    return f"{said}, {source}" if source else said
 
 
 def group_layout(groups: int | list[list[Any]], variables: list[Any]) -> list[list[int]]:

@@ -68,8 +68,9 @@ def run_record(config: Any, argv: list[str], size: int) -> dict[str, Any]:
         "local_size": topology.local_size,
         "cross_size": topology.cross_size,
         "controller": comm.controller(),
-        # The link rate the gradient buckets followed (HVD_TRAIN_LINK_GBIT), or None.
+        # The link rate the gradient buckets followed, or None, and where it came from.
         "link_gbit": comm.link_gbit(),
+        "link_gbit_from": comm.link_gbit_from(),
         "versions": versions(),
         "horovod_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HOROVOD_")},
         # Open MPI's settings in this rank's environment (the user's, or hvd_train.init()'s).

@@ -15,7 +15,7 @@ import jobs  # tests/integration/jobs.py: bounded jobs that leave nothing behind
 import pytest
 from hosts import INTERFACES, STATE, Cluster, counters, machine_state, on_host, script
 
-from hvd_train.core import launch
+from hvd_train.core import buckets, launch
 from hvd_train.data.sharding import steps_per_epoch
 
 # cnn on the 8x8 digits (tests/unit/test_models.py pins it): every step allreduces this many
@@ -179,9 +179,18 @@ def test_default_job_across_hosts(
     assert run["horovod_env"].get("HOROVOD_CYCLE_TIME") == "50", run["horovod_env"]
     if run["controller"] == "mpi":
         assert run["openmpi_env"].get("OMPI_MCA_mpi_yield_when_idle") == "1", run["openmpi_env"]
+    if workers == 2:
+        # No launcher gave the ranks the link's rate, and the buckets follow it on these filled
+        # hosts: they measured it at start. The unshaped veth reads above the rule's thresholds
+        # (9-30 Gbit/s: the probe's sender shares the host's one core with the job's threads).
+        assert run["link_gbit_from"].startswith("measured at start: "), run["link_gbit_from"]
+        assert run["link_gbit"] > buckets.MPI_SMALL_BUCKETS_FROM_GBIT, run["link_gbit"]
+    else:
+        # Two ranks take turns on h1's core: the rule keeps small buckets whatever the link.
+        assert run["link_gbit"] is None and run["link_gbit_from"] is None, run
     grown = {key: end[key] - start[key] for key in start}
     steps = steps_per_epoch(DIGITS_TRAIN_SAMPLES, size=workers, per_rank_batch_size=32)
-    print(f"{name}: {job.seconds:.1f} s, {steps} steps, h2 bytes {grown}")
+    print(f"{name}: {job.seconds:.1f} s, {steps} steps, link {run['link_gbit']}, h2 bytes {grown}")
     # h2's one rank sends and receives at least the whole gradient each step (every element of
     # its own gradient must leave it, every other rank's must reach it), all of it on `carrier`.
     gradients = GRADIENT_BYTES * steps
@@ -263,13 +272,41 @@ def test_auto_launcher_measures_the_link_where_the_ranks_fill_the_hosts(cluster:
     assert run["horovod_env"].get("HOROVOD_CYCLE_TIME") == "50", run["horovod_env"]
     # The ranks were given the rate auto measured, and sized their gradient buckets by it.
     assert run["link_gbit"] == shaped, run["link_gbit"]
-    assert re.search(rf"gradient buckets: \d+, .*; gloo, link {shaped:g} Gbit/s\)", job.output)
+    given = f"link {shaped:g} Gbit/s, from HVD_TRAIN_LINK_GBIT"
+    assert re.search(rf"gradient buckets: \d+, .*; gloo, {given}\)", job.output), job.tail()
     four = ["launch", "--np", "4", "--hosts", "h1:2,h2:2", "--dry-run", *auto, *TRAIN]
     shared = jobs.run([*LAUNCH, *HVD_TRAIN, *four], 120, env=cluster.env())
     assert shared.returncode == 0, shared.tail()
     assert "launch: --launcher auto: mpirun (not every host" in shared.output
     assert "h2: 2 rank(s), 1 CPU(s), 0 GPU(s)" in shared.output and "TCP to" not in shared.output
     assert re.search(r"^mpirun -np 4 ", shared.output, re.M), shared.tail()
+
+
+def test_a_plain_mpirun_job_measures_the_link_at_start(cluster: Cluster):
+    """mpirun alone gives the ranks no link rate: where one rank fills each one-CPU host they
+    measure it at start (hvd_train.comm.linkprobe), and size the gradient buckets by it. With
+    h1's side of the link shaped to 1 Gbit/s, they read it (h1 -> h2); unshaped, the default
+    job above reads several times more (the negative control)."""
+    if "tbf" in on_host("h1", "tc", "qdisc", "show", "dev", "data0"):
+        pytest.skip("the cluster's links are shaped already (RATE)")
+    run_dir = cluster.state / "shared" / "probed"
+    shaping = ["dev", "data0", "root", "tbf", "rate", "1gbit", "burst", "256kb", "latency", "50ms"]
+    on_host("h1", "tc", "qdisc", "replace", *shaping)
+    try:
+        argv = [*MPIRUN, "-np", "2", "-H", "h1:1,h2:1", *HVD_TRAIN, *TRAIN]
+        job = jobs.run([*argv, "--set", f"run_dir={run_dir}"], 600, env=cluster.env())
+    finally:
+        on_host("h1", "tc", "qdisc", "del", "dev", "data0", "root")
+    assert job.returncode == 0, job.tail()
+    run = json.loads((run_dir / "run.json").read_text())
+    probed = "measured at start: the slowest of 2 link(s): h1 -> h2"
+    assert run["link_gbit_from"] == probed, run
+    # TCP's goodput through a 1 Gbit/s token bucket, as --launcher auto reads it (0.96).
+    rate = run["link_gbit"]
+    assert 0.8 < rate <= 1.0, rate
+    # Under Open MPI below MPI_SMALL_BUCKETS_FROM_GBIT: one group.
+    line = re.search(r"gradient buckets: 1, one group \(.*; mpi, link (.*)\)$", job.output, re.M)
+    assert line and line[1] == f"{rate:g} Gbit/s, {probed}", job.tail()
 
 
 def test_horovodrun_from_outside_the_hosts_is_refused(cluster: Cluster):

@@ -233,6 +233,12 @@ def test_sbatch_trains_the_default_job_across_both_nodes(slurm: Cluster):
         assert result["workers"] == 2 and result["status"] == "finished", failure
         record = json.loads((run["run_dir"] / "run.json").read_text())
         assert record["size"] == 2
+        # srun gave the ranks no link rate: one rank fills each one-CPU node, so they measured it.
+        probed = re.fullmatch(
+            r"measured at start: the slowest of 2 link\(s\): h[12] -> h[12]",
+            record["link_gbit_from"],
+        )
+        assert probed and record["link_gbit"] > 0, record
         # One rank per node: rank 0 on h1 (the batch host), rank 1 on h2.
         assert seen == {("h1", 0), ("h2", 1)}, (seen, failure)
     print(f"sbatch -N 2: {seconds:.1f} s submitted to done, training {result['seconds']} s")

@@ -87,19 +87,32 @@ def test_on_filled_cores_the_bucket_size_follows_the_link_rate(gloo):
     assert shared == MIB
 
 
+GIVEN = "HVD_TRAIN_LINK_GBIT"
+PROBED = "measured at start: the slowest of 2 link(s): h1 -> h2"
+
+
 @pytest.mark.parametrize(
-    ("controller", "elastic", "link", "buckets_expected"),
+    ("controller", "elastic", "link", "source", "buckets_expected", "said"),
     [
-        ("gloo", False, None, 3),
-        ("mpi", False, None, 1),
-        ("gloo", True, None, 1),
-        ("gloo", False, 9.56, 1),
-        ("mpi", False, 9.56, 3),
-        ("mpi", False, 0.96, 1),
+        ("gloo", False, None, None, 3, "unknown"),
+        ("mpi", False, None, None, 1, "unknown"),
+        ("gloo", True, None, None, 1, "unknown"),
+        ("gloo", False, 9.56, GIVEN, 1, f"9.56 Gbit/s, from {GIVEN}"),
+        ("mpi", False, 9.56, GIVEN, 3, f"9.56 Gbit/s, from {GIVEN}"),
+        ("mpi", False, 0.96, GIVEN, 1, f"0.96 Gbit/s, from {GIVEN}"),
+        ("mpi", False, 9.52, PROBED, 3, f"9.52 Gbit/s, {PROBED}"),
+        (
+            "mpi",
+            False,
+            None,
+            "not measured: h2: no listener",
+            1,
+            "unknown, not measured: h2: no listener",
+        ),
     ],
 )
 def test_the_optimizer_takes_the_buckets_of_its_controller_and_link_but_one_when_elastic(
-    monkeypatch, caplog, controller, elastic, link, buckets_expected
+    monkeypatch, caplog, controller, elastic, link, source, buckets_expected, said
 ):
     import tensorflow as tf
 
@@ -108,7 +121,7 @@ def test_the_optimizer_takes_the_buckets_of_its_controller_and_link_but_one_when
 
     # Two hosts whose compute fills their one core each, as the cluster of tests/cluster.
     found = [("cross_size", 2), ("spare_cpu", False), ("oversubscribed", False), ("rank", 0)]
-    for name, value in [*found, ("link_gbit", link)]:
+    for name, value in [*found, ("link_gbit", link), ("link_gbit_from", source)]:
         monkeypatch.setattr(comm, name, lambda value=value: value)
     monkeypatch.setattr(comm, "controller", lambda: controller)
     if elastic:
@@ -119,6 +132,5 @@ def test_the_optimizer_takes_the_buckets_of_its_controller_and_link_but_one_when
 
     with caplog.at_level("INFO", logger="hvd_train"):
         assert len(optimizer.bucket_layout(values, None)) == buckets_expected
-    said = "unknown" if link is None else f"{link:g} Gbit/s"
     assert f"gradient buckets: {buckets_expected}, " in caplog.text
     assert f"(3.0 MiB of gradients; {controller}, link {said})" in caplog.text
