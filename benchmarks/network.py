@@ -143,6 +143,18 @@ VARIANTS = {
         Variant("toolkit-buckets-4", "modern", "toolkit", ("optimizer.bucket_mb=4",)),
         Variant("toolkit-buckets-1", "modern", "toolkit", ("optimizer.bucket_mb=1",)),
         Variant("toolkit-fp16", "modern", "toolkit", ("optimizer.compression=fp16",)),
+        Variant(
+            "toolkit-fp16-one-group",
+            "modern",
+            "toolkit",
+            ("optimizer.compression=fp16", "optimizer.bucket_mb=0"),
+        ),
+        Variant(
+            "toolkit-fp16-buckets-4",
+            "modern",
+            "toolkit",
+            ("optimizer.compression=fp16", "optimizer.bucket_mb=4"),
+        ),
         Variant("toolkit-bf16", "modern", "toolkit", ("optimizer.compression=bf16",)),
         Variant(
             "toolkit-two-level", "modern", "toolkit", ("optimizer.reduction=two_level",), ("2x2",)
