@@ -179,7 +179,8 @@ def _agree_on_place_and_link(
         # two or three phases).
         probed = linkprobe.measure(hosts, local.rank)
         _link_gbit = probed.gbit_s
-        _link_from = f"{'measured at start' if probed.gbit_s else 'not measured'}: {probed.why}"
+        measured = "not measured" if probed.gbit_s is None else "measured at start"
+        _link_from = f"{measured}: {probed.why}"
         if local.rank == 0 and probed.gbit_s is None:
             log.warning(
                 "link rate %s: the gradient buckets take the slow link's choice; set %s to the "
