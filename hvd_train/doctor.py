@@ -128,6 +128,7 @@ def run(out: TextIO) -> int:
         patches = {
             "wakes_on_enqueue": "wake on enqueue",
             "gloo_keeps_send_buffer": "gloo send buffer",
+            "bfloat16": "bfloat16",
         }
         pending = runtime.pending_cycle_time_ms()
         if pending is not None:

@@ -38,11 +38,11 @@ GPU=${GPU:-auto}
 HVD_TRAIN_CACHE=${HVD_TRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hvd_train}
 JOBS=${JOBS:-$(nproc)}
 # Bump when the way Horovod is patched or configured changes: old cached wheels are then not reused.
-BUILD_RECIPE=r5
+BUILD_RECIPE=r6
 # The GPU build's own, bumped alone by a patch that changes only code the CPU build leaves out (r4:
-# the GPU stream handle, patches/horovod-0.28.1-gpu-stream-handle.patch; r5 and r6: the CPU
-# build's r4 and r5 changes).
-GPU_BUILD_RECIPE=r6
+# the GPU stream handle, patches/horovod-0.28.1-gpu-stream-handle.patch; r5, r6 and r7: the CPU
+# build's r4, r5 and r6 changes).
+GPU_BUILD_RECIPE=r7
 
 # Progress: numbered steps; with HVD_TRAIN_TIMINGS=file each step's seconds are appended to it
 # ("install/STACK/NAME SECONDS RESULT") for the stage table of tests/run.sh.

@@ -18,12 +18,32 @@ Average = hvd.Average
 Sum = hvd.Sum
 Min = hvd.Min
 Max = hvd.Max
-Compression = hvd.Compression
 ProcessSet = hvd.ProcessSet
 global_process_set = hvd.global_process_set
 ElasticState = hvd_elastic.State
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt"]
+
+
+class BF16Compressor(hvd.Compression.fp16):
+    """Floating tensors sent as bfloat16: half the bytes, as fp16, but with float32's exponent
+    range (8 bits of mantissa against fp16's 11): gradients fp16 would overflow to inf or flush to
+    0 keep their magnitude. Needs a Horovod that reduces tf.bfloat16: the installer's, built with
+    mpi_scripts/patches/horovod-0.28.1-bfloat16.patch (`reduces_bfloat16`)."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        import tensorflow as tf
+
+        if tensor.dtype.is_floating and tensor.dtype != tf.bfloat16:
+            return tf.cast(tensor, tf.bfloat16), tensor.dtype
+        return tensor, tensor.dtype
+
+
+class Compression(hvd.Compression):
+    """Horovod's compressors (none, fp16) and hvd_train's bf16."""
+
+    bf16 = BF16Compressor
 
 
 def _set(process_set: Any) -> Any:
@@ -97,6 +117,17 @@ def keeps_gloo_send_buffer() -> bool:
     return hasattr(mpi_ops._basics.MPI_LIB_CTYPES, "horovod_gloo_keeps_send_buffer")
 
 
+def reduces_bfloat16() -> bool:
+    """True where this Horovod's allreduce takes tf.bfloat16 (hvd_train's bfloat16 patch,
+    mpi_scripts/patches): Horovod 0.28.1 itself has no bfloat16 type on any controller."""
+    import tensorflow as tf
+    from tensorflow.python.framework import op_def_registry
+
+    op = op_def_registry.get("HorovodGroupedAllreduce")  # registered by importing horovod
+    types = next(a.allowed_values.list.type for a in op.attr if a.name == "T")
+    return tf.bfloat16.as_datatype_enum in types
+
+
 def controller() -> str:
     return "mpi" if hvd.mpi_enabled() else "gloo"
 
@@ -113,6 +144,7 @@ def build_info() -> dict[str, bool]:
         "cuda": hvd.cuda_built(),
         "wakes_on_enqueue": wakes_on_enqueue(),
         "gloo_keeps_send_buffer": keeps_gloo_send_buffer(),
+        "bfloat16": reduces_bfloat16(),
     }
 
 

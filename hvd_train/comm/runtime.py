@@ -350,6 +350,12 @@ def build_info() -> dict[str, bool]:
     return backend.build_info()
 
 
+def reduces_bfloat16() -> bool:
+    """Whether this Horovod's collectives take tf.bfloat16 (bf16 compression): the installer's
+    build does (mpi_scripts/patches), Horovod 0.28.1 itself does not. Needs no `init`."""
+    return backend.reduces_bfloat16()
+
+
 def pending_cycle_time_ms() -> float | None:
     """How soon Horovod's loop comes back while a tensor enqueued here waits for the other
     ranks' (ms; HOROVOD_PENDING_CYCLE_TIME on the installer's build, docs/performance.md); None

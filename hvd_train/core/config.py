@@ -37,7 +37,7 @@ KINDS = ("images", "tokens", "clicks")
 MAX_CLICK_IDS = 1 << 24
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb", "lion", "lars")
 DECAYED_OPTIMIZERS = ("adamw", "lamb", "lion", "lars")  # those optimizer.weight_decay acts in
-COMPRESSIONS = ("none", "fp16")
+COMPRESSIONS = ("none", "fp16", "bf16")
 # optimizer.reduction (`hvd_train.comm.reduction`).
 REDUCTIONS = ("auto", "flat", "two_level")
 MODES = ("max", "min")
@@ -136,7 +136,8 @@ class OptimizerConfig:
       decay_rate: factor applied at each boundary of "step" decay.
       decay_epochs: the boundaries of "step" decay, in epochs.
       decay_power: the exponent of "polynomial" decay: peak_lr * (1 - progress) ** power to 0.
-      compression: allreduce compression, "none" or "fp16".
+      compression: allreduce compression, "none", "fp16" or "bf16" (both halve the bytes sent;
+        bf16 keeps float32's range, fp16 three more bits of mantissa).
       backward_passes_per_step: local gradient accumulation: batches per allreduce and update.
       gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
       bucket_mb: gradients per grouped allreduce, in MiB, from the last layer backwards, so that

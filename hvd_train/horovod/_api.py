@@ -172,7 +172,7 @@ def allreduce(
       average: deprecated (Horovod's): True for Average, False for Sum.
       prescale_factor, postscale_factor: multiply before and after the reduction.
       op: Average (default), Sum, Min, Max or Product.
-      compression: Compression.none or Compression.fp16.
+      compression: Compression.none, Compression.fp16 or Compression.bf16 (hvd_train's).
       process_set: the ranks to reduce over.
 
     Returns:
@@ -322,7 +322,7 @@ def DistributedOptimizer(
       optimizer: a Keras 3 optimizer.
       name, device_dense, device_sparse: accepted, unused (Keras 3 optimizers' names are fixed
         at construction; Horovod places its ops by its build).
-      compression: Compression.none or Compression.fp16.
+      compression: Compression.none, Compression.fp16 or Compression.bf16 (hvd_train's).
       sparse_as_dense: accepted; sparse gradients are always densified into their bucket.
       gradient_predivide_factor: with Average, divide by it before the sum, by size/it after.
       op: Average or Sum.

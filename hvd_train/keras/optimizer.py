@@ -310,6 +310,12 @@ def in_place_of(
     return out
 
 
+BF16_NEEDS = (
+    "bf16 compression needs a Horovod that reduces bfloat16, the installer's (build recipe r6, "
+    "mpi_scripts/patches/horovod-0.28.1-bfloat16.patch): rerun make install"
+)
+
+
 def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
     op: Any = comm.Average,
@@ -341,7 +347,8 @@ def DistributedOptimizer(
     Args:
       optimizer: a Keras optimizer, or a LossScaleOptimizer.
       op: `Average` (default) or `Sum`.
-      compression: `Compression.none` or `Compression.fp16` (halves the bytes sent).
+      compression: `Compression.none`, `Compression.fp16` or `Compression.bf16` (each 16-bit one
+        halves the bytes sent; bf16 keeps float32's range and needs the installer's Horovod).
       gradient_predivide_factor: with Average, divide by this before the sum and by size/this after
         (guards fp16 sums against overflow); 1.0 = plain average.
       backward_passes_per_step: k >= 1: gradients of k consecutive batches are summed locally and
@@ -372,7 +379,8 @@ def DistributedOptimizer(
 
     Raises:
       ValueError: an unsupported op, a non-positive factor or pass count, a negative bucket size,
-        an unknown reduction or "two_level" where it cannot run, bad `groups`, `groups` or
+        an unknown reduction or "two_level" where it cannot run, bf16 compression on a Horovod
+        that cannot reduce bfloat16 (not the installer's), bad `groups`, `groups` or
         `process_set` on the classic stack, an optimizer that is already distributed, or
         `shard_state` with what it cannot shard (`keras.sharded.check`).
     """
@@ -399,6 +407,8 @@ def DistributedOptimizer(
             "groups and process_set: modern stack only (on Keras 2, Horovod's own "
             "horovod.tensorflow.keras.DistributedOptimizer takes them)"
         )
+    if compression is comm.Compression.bf16 and not comm.reduces_bfloat16():
+        raise ValueError(BF16_NEEDS)
     if is_distributed(optimizer):
         raise ValueError(f"optimizer {optimizer.name!r} is already distributed")
     if compat.optimizer_built(optimizer):

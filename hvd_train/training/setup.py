@@ -177,7 +177,7 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
     import keras
 
     from hvd_train.keras import compat, embedding
-    from hvd_train.keras.optimizer import DistributedOptimizer
+    from hvd_train.keras.optimizer import BF16_NEEDS, DistributedOptimizer
 
     opt_cfg = config.optimizer
     if opt_cfg.shard_state and compat.CLASSIC:
@@ -195,6 +195,8 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
             f"parallel.model_group_size: model {config.model.name!r} has no table to split over "
             f"a model group (a ShardedEmbedding), got {group}"
         )
+    if opt_cfg.compression == "bf16" and not comm.reduces_bfloat16():
+        raise config_lib.ConfigError(f"optimizer.compression: {BF16_NEEDS}")
     try:
         # Every rank alike: choosing the reduction is a collective unless it is "flat".
         optimizer = DistributedOptimizer(

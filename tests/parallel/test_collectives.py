@@ -42,6 +42,50 @@ def test_grouped_allreduce_with_scale_factors_and_fp16():
     assert np.allclose(half.numpy(), (n + 1) / 2 * np.array([1.0, 2.0, 3.0]), rtol=1e-3)
 
 
+def test_bf16_compression_keeps_float32s_range_where_fp16_loses_it():
+    """The installer's Horovod reduces bfloat16 (mpi_scripts/patches): each rank's values are
+    exact in bfloat16 and so is every partial sum, whatever the ring's order, so the results are
+    closed forms. 2^100 overflows fp16 and 2^-120 flushes to 0 in it (the negative control: the
+    same check fails with fp16); 1 + 2^-10 is rounded to 1 on the wire, which shows the tensors
+    went as bfloat16, not float32."""
+    r, n = comm.rank(), comm.size()
+    tri = n * (n + 1) / 2
+    x = tf.constant([1.0, 2.0**100, 2.0**-120, -3.0]) * float(r + 1)
+    wide = np.array([1.0, 2.0**100, 2.0**-120, -3.0]) * tri
+    bf16 = comm.grouped_allreduce([x], op=comm.Sum, compression=comm.Compression.bf16)[0]
+    fp16 = comm.grouped_allreduce([x], op=comm.Sum, compression=comm.Compression.fp16)[0]
+    rounded = comm.allreduce(
+        tf.fill([3], 1.0 + 2.0**-10), op=comm.Sum, compression=comm.Compression.bf16
+    )
+    mean = comm.grouped_allreduce(
+        [tf.fill([2], 2.0 * (r + 1))], op=comm.Average, compression=comm.Compression.bf16
+    )[0]
+    scaled = comm.grouped_allreduce(
+        [x[:1]],
+        op=comm.Sum,
+        prescale_factor=2.0,
+        postscale_factor=0.25,
+        compression=comm.Compression.bf16,
+    )[0]
+    assert bf16.dtype == tf.float32 and mean.dtype == tf.float32
+    assert bf16.numpy().tolist() == wide.astype(np.float32).tolist()
+    assert fp16.numpy().tolist() != wide.astype(np.float32).tolist()
+    assert np.isinf(fp16.numpy()[1]) and fp16.numpy()[2] == 0.0
+    assert rounded.numpy().tolist() == [float(n)] * 3
+    assert mean.numpy().tolist() == [float(n + 1)] * 2
+    assert scaled.numpy().tolist() == [tri / 2]
+
+
+def test_bf16_reaches_reducescatter():
+    """The patch's bfloat16 reaches reducescatter too (the sharded optimizer state's path)."""
+    r, n = comm.rank(), comm.size()
+    x = tf.reshape(tf.range(2 * n, dtype=tf.float32), [2 * n, 1]) * float(r + 1)
+    (got,) = comm.grouped_reducescatter([x], op=comm.Sum, compression=comm.Compression.bf16)
+    tri = n * (n + 1) / 2
+    assert got.dtype == tf.float32
+    assert got.numpy().ravel().tolist() == [tri * (2 * r + k) for k in range(2)]
+
+
 @pytest.mark.parametrize("root", ["first", "last"])
 def test_broadcast_from_root(root):
     n = comm.size()

@@ -89,11 +89,12 @@ def test_average_with_prescale_and_postscale():
             np.testing.assert_allclose(g, 1.5 * (n + 1) / 2 * w, rtol=1e-6)
 
 
-def test_fp16_compression_and_integers():
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_compression_and_integers(kind):
     n = comm.size()
-    fp16 = {"compression": comm.Compression.fp16}
-    flat = numpy(comm.allreduce_groups(groups(), op=comm.Average, **fp16))
-    by_layout = two_level_by_layout(groups(), op=comm.Average, **fp16)
+    compressed = {"compression": getattr(comm.Compression, kind)}
+    flat = numpy(comm.allreduce_groups(groups(), op=comm.Average, **compressed))
+    by_layout = two_level_by_layout(groups(), op=comm.Average, **compressed)
     ints = groups(dtypes=(tf.int32, tf.int64))
     flat_ints = numpy(comm.allreduce_groups(ints, op=comm.Sum))
     ints_by_layout = two_level_by_layout(ints, op=comm.Sum)

@@ -395,7 +395,10 @@ BAD_YAML = [
         "optimizer: {warmup_epochs: 12}\n",
         "optimizer.warmup_epochs: must be < train.epochs (12) for decay 'cosine', got 12.0",
     ),
-    ("optimizer: {compression: int8}\n", "optimizer.compression: must be one of (none, fp16), got"),
+    (
+        "optimizer: {compression: int8}\n",
+        "optimizer.compression: must be one of (none, fp16, bf16), got",
+    ),
     (
         "optimizer: {reduction: ring}\n",
         "optimizer.reduction: must be one of (auto, flat, two_level), got",

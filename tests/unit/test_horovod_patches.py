@@ -3,7 +3,8 @@
 `horovod_wakes_on_enqueue` and `horovod_gloo_keeps_send_buffer` are the patched library's
 markers (C functions the toolkit finds with ctypes); the Gloo cycle rule trusts the first, so a
 build without the patch must not report it. What the second patch fixes is checked in the
-parallel suite (tests/parallel/test_collectives.py: no socket below the kernel's send buffer).
+parallel suite (tests/parallel/test_collectives.py: no socket below the kernel's send buffer), as
+is the third's bfloat16 reduction (its marker: bfloat16 among the allreduce op's types).
 """
 
 import os
@@ -21,7 +22,7 @@ PATCHES = sorted((REPO / "mpi_scripts" / "patches").glob("horovod-*.patch"))
 SDIST = Path.home() / ".cache" / "hvd_train" / "downloads" / "horovod-0.28.1.tar.gz"
 
 
-@pytest.mark.parametrize("marker", ["wakes_on_enqueue", "gloo_keeps_send_buffer"])
+@pytest.mark.parametrize("marker", ["wakes_on_enqueue", "gloo_keeps_send_buffer", "bfloat16"])
 def test_the_installed_horovod_carries_the_patch(marker):
     assert comm.build_info()[marker], (
         "this Horovod lacks mpi_scripts/patches: reinstall with mpi_scripts/install.sh"
@@ -46,6 +47,7 @@ def test_every_patch_applies_to_horovods_source_and_only_once(tmp_path):
     assert "horovod_wakes_on_enqueue" in (src / "horovod/common/operations.cc").read_text()
     gloo = (src / "horovod/common/ops/gloo_operations.cc").read_text()
     assert "horovod_gloo_keeps_send_buffer" in gloo
+    assert "HOROVOD_BFLOAT16" in (src / "horovod/common/message.h").read_text()
 
 
 def test_the_pending_cycle_is_read_from_the_environment():
