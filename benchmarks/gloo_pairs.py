@@ -5,12 +5,14 @@ to the size of its first send: one notification byte, so the kernel kept that so
 and switched its autotuning off, and every later large send of the pair crawled (allgathers,
 broadcasts, alltoalls; the sharded optimizer's step, which reduce-scatters and allgathers every
 step). The installer's Horovod carries a fix (mpi_scripts/patches/*-gloo-send-buffer.patch);
-docs/performance.md has the figures with and without it.
+docs/performance.md has the figures with and without it. The jobs also time one compressed
+allreduce (`compressed_ms`: 32 MiB of float32 sent as is, as fp16 and, where the build reduces
+it, as bf16), whose sums Gloo ran in scalar code before the installer's gloo-avx patch.
 
     .venv/bin/python -m benchmarks.gloo_pairs [--np 2] [--repeats 5] [--out benchmarks/results]
-        [--other-horovod DIR]
+        [--other-horovod DIR] [--name gloo-pairs]
 
-Writes gloo-pairs.json and gloo-pairs.png into --out. One job per controller (horovodrun --gloo,
+Writes NAME.json and NAME.png into --out. One job per controller (horovodrun --gloo,
 mpirun) on this machine: per collective of 8 MiB the median time over --repeats before any
 ReduceScatter and after one tiny ReduceScatter, then the median step of an MLP (three layers of
 1024) with and without sharded optimizer state (`optimizer.shard_state`). Rank 0's figures.
@@ -83,10 +85,24 @@ def worker(repeats: int) -> dict:
             times.append(time.perf_counter() - started)
         return 1e3 * statistics.median(times)
 
+    def compressed_ms(kind: str) -> float:
+        values = tf.ones([8 * 2**20])
+        compression = getattr(comm.Compression, kind)
+        comm.allreduce(values, op=comm.Sum, compression=compression).numpy()  # negotiation
+        times = []
+        for _ in range(repeats):
+            comm.barrier()
+            started = time.perf_counter()
+            comm.allreduce(values, op=comm.Sum, compression=compression).numpy()
+            times.append(time.perf_counter() - started)
+        return 1e3 * statistics.median(times)
+
+    kinds = ("none", "fp16", "bf16") if comm.reduces_bfloat16() else ("none", "fp16")
     steps = {"unsharded": step_ms(False), "sharded": step_ms(True)}
     return {"controller": comm.controller(), "rank": comm.rank(), "before_s": before} | {
         "after_s": after,
         "step_ms": steps,
+        "compressed_ms": {kind: compressed_ms(kind) for kind in kinds},
     }
 
 
@@ -147,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--other-horovod", type=Path, help="another Horovod build, installed here")
+    parser.add_argument("--name", default=NAME, help="the result files' name")
     options = parser.parse_args(args)
     rows = []
     builds = [None, options.other_horovod] if options.other_horovod else [None]
@@ -158,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     result = {"workers": options.np, "repeats": options.repeats, "rows": rows}
     options.out.mkdir(parents=True, exist_ok=True)
-    (options.out / f"{NAME}.json").write_text(json.dumps(result, indent=2) + "\n")
-    figure(result, options.out / f"{NAME}.png")
-    print(f"{NAME}: wrote {options.out / NAME}.json and .png", flush=True)
+    (options.out / f"{options.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    figure(result, options.out / f"{options.name}.png")
+    print(f"{NAME}: wrote {options.out / options.name}.json and .png", flush=True)
     return 0
 
 

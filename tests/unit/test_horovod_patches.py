@@ -48,6 +48,8 @@ def test_every_patch_applies_to_horovods_source_and_only_once(tmp_path):
     gloo = (src / "horovod/common/ops/gloo_operations.cc").read_text()
     assert "horovod_gloo_keeps_send_buffer" in gloo
     assert "HOROVOD_BFLOAT16" in (src / "horovod/common/message.h").read_text()
+    assert "-DGLOO_USE_AVX=1" in (src / "CMakeLists.txt").read_text()
+    assert "/math.cc" in (src / "third_party/gloo/gloo/CMakeLists.txt").read_text()
 
 
 def test_the_pending_cycle_is_read_from_the_environment():
