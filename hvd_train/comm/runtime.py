@@ -47,6 +47,11 @@ _oversubscribed: bool | None = None
 _link_gbit: float | None = None
 _link_from: str | None = None
 GROUP_FUSION_OFF = "HOROVOD_DISABLE_GROUP_FUSION"
+CACHE_CAPACITY = "HOROVOD_CACHE_CAPACITY"
+# Horovod's response cache, in tensors: 64 times its default of 1024, so that every tensor of a
+# step stays cached (docs/knobs.md). An entry is one response; entries in use cost a bit each in
+# every cycle's cache sync, unused capacity nothing.
+CACHE_ENTRIES = 65536
 
 
 def init(
@@ -102,6 +107,10 @@ def init(
     # that happens to be ready in the same cycle: the fused buffers, hence the order of the sums,
     # stay the same every step (bit-exact resume at any size).
     os.environ.setdefault(GROUP_FUSION_OFF, "1")
+    # With group fusion off, Horovod 0.28.1 fails ("unordered_map::at") or hangs once its cache
+    # evicts part of a group: a step of more grouped tensors than the cache holds (1024 by
+    # default: a deep model's gradients) would never finish. A cache that holds them all.
+    os.environ.setdefault(CACHE_CAPACITY, str(CACHE_ENTRIES))
     if reduction.wants_dynamic_process_sets(os.environ, launcher.size, launcher.local_size):
         # Across hosts: two-level reduction adds its process sets after the start, once Horovod
         # knows which ranks share a host.
