@@ -142,6 +142,14 @@ VARIANTS = {
         Variant("toolkit-buckets", "modern", "toolkit", ("optimizer.bucket_mb=25",)),
         Variant("toolkit-buckets-4", "modern", "toolkit", ("optimizer.bucket_mb=4",)),
         Variant("toolkit-buckets-1", "modern", "toolkit", ("optimizer.bucket_mb=1",)),
+        # Every gradient in its bucket, through Horovod's fusion buffer (before alone_mb).
+        Variant("toolkit-none-alone", "modern", "toolkit", ("optimizer.alone_mb=0",)),
+        Variant(
+            "toolkit-one-group-none-alone",
+            "modern",
+            "toolkit",
+            ("optimizer.bucket_mb=0", "optimizer.alone_mb=0"),
+        ),
         Variant("toolkit-fp16", "modern", "toolkit", ("optimizer.compression=fp16",)),
         Variant(
             "toolkit-fp16-one-group",
@@ -378,7 +386,7 @@ def worker(
             callbacks = list(distributed_callbacks())
             # The buckets its optimizer sends, by the rule it applies (`core.buckets`).
             shapes = [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables]
-            chosen = bucket_layout(shapes, cfg.optimizer.bucket_mb)
+            chosen = bucket_layout(shapes, cfg.optimizer.bucket_mb, cfg.optimizer.alone_mb)
         elif variant.kind == "per_tensor":
             optimizer = _per_tensor_sgd(keras, lr)
         else:
@@ -779,8 +787,18 @@ def plan_inputs(row: dict, variant: Variant) -> dict:
         # Rows from before the ranks were told the link's rate ran with it unknown.
         link_gbit=row.get("ranks_link_gbit"),
     )
-    layout = buckets.layout(sizes, size)
-    last = sum(sizes[i] for i in layout[-1]) * wire if len(layout) > 1 else None
+    alone_mb = variant.setting("optimizer.alone_mb", _default("alone_mb"))
+    alone = buckets.alone_bytes(
+        None if alone_mb in ("null", "~", "") else float(alone_mb),
+        hosts,
+        gloo=controller(row) == "gloo",
+        link_gbit=row.get("ranks_link_gbit"),
+    )
+    layout = buckets.layout(sizes, size, alone)
+    # What waits for the backward pass's end: the bucket of the gradient made last (the first
+    # layer's) and every one sent after it.
+    tail = next(k for k, bucket in enumerate(layout) if 0 in bucket)
+    last = sum(sizes[i] for b in layout[tail:] for i in b) * wire if tail > 0 else None
     return {
         "wire_bytes": total * wire,
         "buffers": len(layout),

@@ -328,8 +328,9 @@ def cluster_step(
       gradient_bytes: the bytes of the gradients on the wire (after any compression).
       hosts, slots: the job's hosts and ranks per host.
       buffers: how many collectives the gradients go out in.
-      last_bytes: the bytes of the last collective where the allreduce overlaps the backward
-        pass; None where it starts only after it.
+      last_bytes: the bytes that wait for the whole backward pass where the allreduce overlaps
+        it (the last collective's, or those of every collective from the one holding the
+        gradient made last); None where it starts only after it.
       reduction: "flat" or "two_level" (`cross_host_bytes`).
       cycle_ms: Horovod's cycle time.
       spare_cpu: every host keeps a core free of the compute (or computes on GPUs).

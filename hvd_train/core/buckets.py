@@ -27,6 +27,14 @@ cluster of docs/network.md:
 - otherwise about a quarter of the gradients per bucket, at least `MIN_BUCKET_BYTES` (each
   bucket pays a Horovod cycle and the ring's latency) and at most `MAX_BUCKET_BYTES` (PyTorch
   DDP's default cap).
+
+A gradient of at least `alone_bytes` goes in a bucket of its own, where the small ones around it
+keep filling theirs: Horovod copies every bucket of two or more tensors into its fusion buffer and
+out again, on its one background thread, and reduces a bucket of one tensor in place. Under Open
+MPI the copies cost more than the extra collectives, from `MIN_BUCKET_BYTES` up, on one host and
+across hosts from `MPI_ALONE_FROM_GBIT`; below it each further collective costs more than the
+copies (an unknown rate keeps that choice); under Gloo, whose every collective costs more than
+Open MPI's, they never do (docs/performance.md, "Large gradients alone").
 """
 
 from __future__ import annotations
@@ -41,6 +49,9 @@ BUCKETS_ACROSS_HOSTS = 4
 # size steps faster (docs/network.md, "Bucket sizes by link rate").
 GLOO_ONE_BUCKET_FROM_GBIT = 4.0
 MPI_SMALL_BUCKETS_FROM_GBIT = 6.0
+# Gbit/s of TCP between hosts from which Open MPI sends the large gradients alone (below it each
+# further collective costs more than the copies it saves: docs/performance.md).
+MPI_ALONE_FROM_GBIT = 2.0
 
 
 def bucket_bytes(
@@ -80,23 +91,48 @@ def bucket_bytes(
     return MIN_BUCKET_BYTES if gloo != fast else 0
 
 
-def layout(nbytes: Sequence[int], size: int) -> list[list[int]]:
+def alone_bytes(
+    alone_mb: float | None,
+    cross_size: int = 1,
+    gloo: bool = False,
+    link_gbit: float | None = None,
+) -> int:
+    """The size from which a gradient goes in a bucket of its own, in bytes; 0: none does.
+
+    Args:
+      alone_mb: the user's choice in MiB (0: none alone); None: derived.
+      cross_size: hosts in the job (Horovod's cross_size).
+      gloo: the job's controller is Gloo.
+      link_gbit: the TCP rate between the hosts in Gbit/s (`comm.link_gbit`); None: unknown.
+    """
+    if alone_mb is not None:
+        return round(alone_mb * MIB)
+    if gloo:
+        return 0
+    if cross_size <= 1 or (link_gbit is not None and link_gbit >= MPI_ALONE_FROM_GBIT):
+        return MIN_BUCKET_BYTES
+    return 0
+
+
+def layout(nbytes: Sequence[int], size: int, alone: int = 0) -> list[list[int]]:
     """Indices of the gradients in each bucket, in the order the buckets are sent.
 
     Walks the gradients from the last to the first and closes a bucket once it holds at least
     `size` bytes (so a bucket exceeds `size` by less than its last tensor); the rest forms the
-    last bucket. `size <= 0` gives one bucket, also in reverse order.
+    last bucket. `size <= 0` gives one bucket, also in reverse order. With `alone > 0`, a gradient
+    of at least `alone` bytes is a bucket by itself, sent where the walk meets it; the smaller
+    ones fill their buckets as before, across it.
     """
-    order = list(range(len(nbytes)))[::-1]
-    if size <= 0:
-        return [order] if order else []
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0
-    for i in order:
+    for i in reversed(range(len(nbytes))):
+        if 0 < alone <= nbytes[i]:
+            buckets.append([i])
+            continue
         current.append(i)
         filled += nbytes[i]
-        if filled >= size:
+        if 0 < size <= filled:
             buckets.append(current)
             current, filled = [], 0
     if current:

@@ -142,8 +142,11 @@ class OptimizerConfig:
       gradient_predivide_factor: divide gradients by this before the allreduce, the rest after.
       bucket_mb: gradients per grouped allreduce, in MiB, from the last layer backwards, so that
         the late layers' gradients are sent while the backward pass computes the early ones; 0:
-        one allreduce of all gradients; null: derived from the hosts, the controller and the
-        link's rate (`hvd_train.core.buckets`).
+        one bucket of all gradients (but those `alone_mb` sends alone); null: derived from the
+        hosts, the controller and the link's rate (`hvd_train.core.buckets`).
+      alone_mb: a gradient of at least this many MiB is a bucket of its own, which Horovod
+        reduces in place instead of copying it into its fusion buffer and out; 0: none alone;
+        null: derived from the controller (1 MiB under Open MPI, none under Gloo).
       reduction: how each bucket is reduced across hosts: "flat" (one allreduce over all ranks),
         "two_level" (within each host, then across hosts among the ranks of equal local rank,
         then within each host: each host sends a bucket's bytes once each way; for slow links,
@@ -171,6 +174,7 @@ class OptimizerConfig:
     backward_passes_per_step: int = 1
     gradient_predivide_factor: float = 1.0
     bucket_mb: float | None = None
+    alone_mb: float | None = None
     reduction: str = "auto"
     shard_state: bool = False
 
@@ -496,6 +500,8 @@ def validate(config: Config, size: int | None = None) -> None:
     _check_choice("optimizer.reduction", opt.reduction, REDUCTIONS)
     if opt.bucket_mb is not None:
         _check(opt.bucket_mb >= 0, "optimizer.bucket_mb", "must be >= 0 or null", opt.bucket_mb)
+    if opt.alone_mb is not None:
+        _check(opt.alone_mb >= 0, "optimizer.alone_mb", "must be >= 0 or null", opt.alone_mb)
     _check_min("optimizer.backward_passes_per_step", opt.backward_passes_per_step, 1)
     factor = opt.gradient_predivide_factor
     _check(factor > 0, "optimizer.gradient_predivide_factor", "must be > 0", factor)

@@ -60,6 +60,7 @@ def distributed_optimizer(
     backward_passes_per_step: int,
     average_aggregated_gradients: bool,
     bucket_mb: float | None,
+    alone_mb: float | None,
     reduction: str,
 ) -> Any:
     """Horovod's DistributedOptimizer around a Keras 2 optimizer (a new object, Horovod's way).
@@ -95,6 +96,7 @@ def distributed_optimizer(
         distributed,
         flags,
         bucket_mb,
+        alone_mb,
         reduction,
         dict(
             compression=compression,
@@ -118,6 +120,7 @@ def _reduce_in_buckets(
     optimizer: Any,
     flags: stop_flags.StopFlags,
     bucket_mb: float | None,
+    alone_mb: float | None,
     reduction: str,
     options: dict[str, Any],
 ) -> None:
@@ -137,7 +140,7 @@ def _reduce_in_buckets(
     def reduce(grads: Any, variables: Any, use_generic_names: bool) -> Any:
         present = [i for i, g in enumerate(grads) if g is not None]
         chosen = [variables[i] for i in present] if variables else []
-        layout = optimizer_lib.bucket_layout(chosen, bucket_mb)
+        layout = optimizer_lib.bucket_layout(chosen, bucket_mb, alone_mb)
         if reduction == "two_level":
             return _two_level(grads, present, layout, options)
         if len(layout) <= 1:

@@ -179,7 +179,7 @@ class _DistributedOptimizer:
         # One grouped allreduce per bucket, last layers first: each depends only on its own
         # gradients, so the traced step starts it while the backward pass is still running.
         if self._hvd_groups is None:
-            layout = bucket_layout(tensors, self._hvd_bucket_mb)
+            layout = bucket_layout(tensors, self._hvd_bucket_mb, self._hvd_alone_mb)
         else:
             layout = group_layout(self._hvd_groups, [variables[i] for i in present])
         groups = [[tensors[j] for j in bucket] for bucket in layout]
@@ -240,7 +240,9 @@ def one_slice_per_row(grad: Any) -> Any:
     return tf.IndexedSlices(summed, rows, grad.dense_shape)
 
 
-def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]:
+def bucket_layout(
+    values: list[Any], bucket_mb: float | None, alone_mb: float | None = None
+) -> list[list[int]]:
     """The buckets of gradients shaped like these tensors or variables (indices into `values`, in
     the order sent): fixed by their sizes and the job's topology (`core.buckets`)."""
     nbytes = [v.shape.num_elements() * v.dtype.size for v in values]
@@ -256,12 +258,14 @@ def bucket_layout(values: list[Any], bucket_mb: float | None) -> list[list[int]]
         gloo,
         link,
     )
-    layout = buckets.layout(nbytes, size)
+    alone = buckets.alone_bytes(alone_mb, comm.cross_size(), comm.controller() == "gloo", link)
+    layout = buckets.layout(nbytes, size, alone)
     if comm.rank() == 0:
         log.info(
-            "gradient buckets: %d, %s (%.1f MiB of gradients; %s, link %s)",
+            "gradient buckets: %d, %s, %s (%.1f MiB of gradients; %s, link %s)",
             len(layout),
             f"{size / buckets.MIB:g} MiB each" if size else "one group",
+            f"alone from {alone / buckets.MIB:g} MiB" if alone else "none alone",
             sum(nbytes) / buckets.MIB,
             comm.controller(),
             _link_said(link, comm.link_gbit_from()),
@@ -324,6 +328,7 @@ def DistributedOptimizer(
     backward_passes_per_step: int = 1,
     average_aggregated_gradients: bool = True,
     bucket_mb: float | None = None,
+    alone_mb: float | None = None,
     reduction: str = "auto",
     groups: int | list[list[Any]] | None = None,
     process_set: Any = None,
@@ -356,9 +361,13 @@ def DistributedOptimizer(
       average_aggregated_gradients: divide the k-batch sum by k (default), so that k passes of batch
         b update like one pass of batch k*b. Horovod's Keras default is the sum (False).
       bucket_mb: gradients per grouped allreduce, in MiB, taken from the last layer backwards, so
-        that early buckets are sent while the backward pass runs; 0: one bucket of all; None
+        that early buckets are sent while the backward pass runs; 0: one bucket of all (but
+        those `alone_mb` sends alone); None
         (default): derived from the topology, the controller and the link's rate
         (`core.buckets.bucket_bytes`).
+      alone_mb: a gradient of at least this many MiB is a bucket of its own, which Horovod
+        reduces in place instead of copying it into its fusion buffer and out; 0: none alone;
+        None (default): derived from the controller (`core.buckets.alone_bytes`).
       reduction: how each bucket is reduced: "flat" (one ring over all ranks), "two_level"
         (within each host, across hosts, within each host again: `comm.reduction`), or "auto"
         (the topology's rule, `comm.resolve_reduction`; HVD_TRAIN_REDUCTION overrides it). Choosing
@@ -378,9 +387,9 @@ def DistributedOptimizer(
       The optimizer to compile with (see the contract above).
 
     Raises:
-      ValueError: an unsupported op, a non-positive factor or pass count, a negative bucket size,
-        an unknown reduction or "two_level" where it cannot run, bf16 compression on a Horovod
-        that cannot reduce bfloat16 (not the installer's), bad `groups`, `groups` or
+      ValueError: an unsupported op, a non-positive factor or pass count, a negative bucket or
+        alone size, an unknown reduction or "two_level" where it cannot run, bf16 compression on
+        a Horovod that cannot reduce bfloat16 (not the installer's), bad `groups`, `groups` or
         `process_set` on the classic stack, an optimizer that is already distributed, or
         `shard_state` with what it cannot shard (`keras.sharded.check`).
     """
@@ -397,6 +406,8 @@ def DistributedOptimizer(
         )
     if bucket_mb is not None and not bucket_mb >= 0:
         raise ValueError(f"bucket_mb must be >= 0 or None, got {bucket_mb!r}")
+    if alone_mb is not None and not alone_mb >= 0:
+        raise ValueError(f"alone_mb must be >= 0 or None, got {alone_mb!r}")
     if groups is not None and not (
         (isinstance(groups, int) and groups > 0)
         or (isinstance(groups, list) and all(isinstance(g, list | tuple) for g in groups))
@@ -433,6 +444,7 @@ def DistributedOptimizer(
             backward_passes_per_step,
             average_aggregated_gradients,
             bucket_mb,
+            alone_mb,
             reduction,
         )
     if keras.mixed_precision.global_policy().name == "mixed_float16" and not (
@@ -456,6 +468,7 @@ def DistributedOptimizer(
     optimizer._hvd_passes = backward_passes_per_step
     optimizer._hvd_average_aggregated = average_aggregated_gradients
     optimizer._hvd_bucket_mb = bucket_mb
+    optimizer._hvd_alone_mb = alone_mb
     optimizer._hvd_reduction = reduction
     optimizer._hvd_groups = groups
     optimizer._hvd_process_set = process_set

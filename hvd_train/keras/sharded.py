@@ -174,7 +174,11 @@ class ShardedOptimizer:
         # Buckets as the unsharded optimizer's, last layers first, so that the traced step starts
         # each reduce-scatter while the backward pass still computes the earlier gradients; the
         # allgathers take the same buckets. One worker sends nothing: no buckets.
-        layout = [] if comm.size() == 1 else distributed.bucket_layout(flats, self._hvd_bucket_mb)
+        layout = (
+            []
+            if comm.size() == 1
+            else distributed.bucket_layout(flats, self._hvd_bucket_mb, self._hvd_alone_mb)
+        )
         pieces = [
             tf.reshape(piece, shard.shape)
             for piece, shard in zip(self._hvd_scatter(flats, layout), shards, strict=True)

@@ -205,6 +205,7 @@ def compile_distributed(model: Any, config: Config, schedule: Any) -> Any:
             gradient_predivide_factor=opt_cfg.gradient_predivide_factor,
             backward_passes_per_step=opt_cfg.backward_passes_per_step,
             bucket_mb=opt_cfg.bucket_mb,
+            alone_mb=opt_cfg.alone_mb,
             reduction=opt_cfg.reduction,
             shard_state=opt_cfg.shard_state,
         )

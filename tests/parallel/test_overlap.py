@@ -28,6 +28,14 @@ EXPECTED_BUCKETS = [
     {(32,), (24, 32), (24,), (16, 24)},
     {(16,), (8, 16)},
 ]
+# From 3000 bytes a gradient is a bucket of its own (Horovod reduces it in place): k4 and k3 go
+# where the walk meets them; the small rest fills one bucket of 4136 bytes, closing at k1.
+ALONE_MB = 3000 / 2**20
+EXPECTED_ALONE = [
+    {(32, 40)},
+    {(24, 32)},
+    {(10,), (40, 10), (40,), (32,), (24,), (16, 24), (16,), (8, 16)},
+]
 FIRST_KERNEL = (FEATURES, WIDTHS[0])
 COLLECTIVE_OPS = {"HorovodGroupedAllreduce", "HorovodAllreduce"}
 FUNCTION_OPS = {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall"}
@@ -46,9 +54,11 @@ def model_with_distinct_shapes(seed=0):
     return keras.Model(inputs, x)
 
 
-def traced_step(bucket_mb):
+def traced_step(bucket_mb, alone_mb=None):
     model = model_with_distinct_shapes()
-    optimizer = hvd_train.DistributedOptimizer(keras.optimizers.SGD(0.1), bucket_mb=bucket_mb)
+    optimizer = hvd_train.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), bucket_mb=bucket_mb, alone_mb=alone_mb
+    )
     model.compile(optimizer=optimizer, loss=LOSS)
     optimizer.build(model.trainable_variables)
     spec = (tf.TensorSpec([None, FEATURES], tf.float32), tf.TensorSpec([None], tf.int32))
@@ -113,10 +123,10 @@ def first_layer_gradient_ops(graph):
     ]
 
 
-def bucket_collectives(graph):
+def bucket_collectives(graph, expected=EXPECTED_BUCKETS):
     """Collective per expected bucket (None where no collective reduces exactly those shapes)."""
     by_shapes = {frozenset(reduced_shapes(op)): op for op in collectives(graph)}
-    return [by_shapes.get(frozenset(bucket)) for bucket in EXPECTED_BUCKETS]
+    return [by_shapes.get(frozenset(bucket)) for bucket in expected]
 
 
 def test_bucket_layout_in_the_traced_step_equals_its_closed_form():
@@ -138,6 +148,20 @@ def test_the_first_bucket_does_not_wait_for_the_backward_pass():
     assert set(backward_end) & ancestors(last)
     # ...the first does not: its allreduce can run while backpropagation continues.
     assert not set(backward_end) & ancestors(first)
+
+
+def test_large_gradients_go_alone_in_the_traced_step():
+    graph = traced_step(BUCKET_MB, ALONE_MB).graph
+    found = bucket_collectives(graph, EXPECTED_ALONE)
+
+    assert None not in found, (
+        f"expected {EXPECTED_ALONE}, traced {[reduced_shapes(op) for op in collectives(graph)]}"
+    )
+    assert len(collectives(graph)) == len(EXPECTED_ALONE)
+    # The first, alone, is sent while backpropagation continues; the small rest waits for it.
+    backward_end = first_layer_gradient_ops(graph)
+    assert not set(backward_end) & ancestors(found[0])
+    assert set(backward_end) & ancestors(found[-1])
 
 
 def test_one_bucket_waits_for_the_whole_backward_pass():

@@ -101,10 +101,18 @@ def test_plan_inputs_of_the_toolkit_are_its_own_bucket_layout():
     assert under_gloo["buffers"] == len(small) > 1
     assert network.plan_inputs(row(controller="mpi"), toolkit)["buffers"] == 1
     # Where the ranks were told the link's rate the default follows it: at 9.56 Gbit/s one
-    # bucket under Gloo, the smallest under MPI; rows without the rate keep the slow link's.
+    # bucket under Gloo, the smallest under MPI, with the two large tensors alone, before the
+    # small ones' bucket, which holds the first layer's gradient: only it waits for the
+    # backward pass. Rows without the rate keep the slow link's choice.
     fast = {"ranks_link_gbit": 9.56}
     assert network.plan_inputs(row(controller="gloo") | fast, toolkit)["buffers"] == 1
-    assert network.plan_inputs(row(controller="mpi") | fast, toolkit)["buffers"] == len(small)
+    smalls = [5, 3, 1, 0]
+    assert buckets.layout(SIZES, buckets.MIB, buckets.MIB) == [[4], [2], smalls]
+    alone = network.plan_inputs(row(controller="mpi") | fast, toolkit)
+    assert alone["buffers"] == 3 and alone["last_bytes"] == sum(SIZES[i] for i in smalls)
+    none_alone = network.VARIANTS["toolkit-none-alone"]
+    shared = network.plan_inputs(row(controller="mpi") | fast, none_alone)
+    assert shared["buffers"] == len(small) and shared["last_bytes"] == SIZES[1] + SIZES[0]
 
 
 def test_plan_inputs_of_per_tensor_allreduce_end_with_the_first_layer():

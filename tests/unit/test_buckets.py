@@ -22,6 +22,51 @@ def test_layout_takes_the_last_tensors_first(nbytes, size, expected):
     assert buckets.layout(nbytes, size) == expected
 
 
+# The wide MLP of benchmarks/network.py: kernels of 24, 16 and 0.08 MiB, and their biases.
+MLP = [25_165_824, 8192, 16_777_216, 8192, 81920, 40]
+
+
+@pytest.mark.parametrize(
+    "nbytes,size,alone,expected",
+    [
+        # A large tensor is a bucket by itself where the walk meets it; the small ones go on.
+        ([1, 100, 1, 1], 10, 50, [[1], [3, 2, 0]]),
+        ([3, 100, 3, 3, 100, 3], 6, 50, [[4], [5, 3], [1], [2, 0]]),
+        # One bucket (size 0): the large ones alone, the small ones together, last.
+        (MLP, 0, MIB, [[2], [0], [5, 4, 3, 1]]),
+        (MLP, MIB, MIB, [[2], [0], [5, 4, 3, 1]]),
+        # None alone: as before, every tensor shares its bucket.
+        (MLP, MIB, 0, [[5, 4, 3, 2], [1, 0]]),
+        (MLP, 0, 0, [[5, 4, 3, 2, 1, 0]]),
+        # A threshold no tensor reaches changes nothing.
+        ([1, 100, 1, 1], 10, 101, [[3, 2, 1], [0]]),
+        ([], 8, 1, []),
+    ],
+)
+def test_large_tensors_go_alone(nbytes, size, alone, expected):
+    layout = buckets.layout(nbytes, size, alone)
+
+    assert layout == expected
+    assert sorted(i for b in layout for i in b) == list(range(len(nbytes)))
+    assert all(len(b) == 1 for b in layout if any(nbytes[i] >= alone > 0 for i in b))
+
+
+def test_alone_size_follows_the_controller_and_link_unless_given():
+    # Open MPI on one host, or across a fast link: the copies cost more than a collective.
+    assert buckets.alone_bytes(None, 1) == MIB
+    threshold = buckets.MPI_ALONE_FROM_GBIT
+    assert [buckets.alone_bytes(None, 2, link_gbit=g) for g in (threshold, 9.56)] == [MIB] * 2
+    # A slow or unknown link: each further collective costs more than the copies.
+    slow = [buckets.alone_bytes(None, 2, link_gbit=g) for g in (None, 0.96, threshold * 0.99)]
+    assert slow == [0] * 3
+    # Gloo: each collective costs more, on one host and across any link.
+    assert buckets.alone_bytes(None, 1, gloo=True) == 0
+    assert buckets.alone_bytes(None, 2, gloo=True, link_gbit=9.56) == 0
+    # The user's choice wins.
+    assert buckets.alone_bytes(0, 1) == 0
+    assert buckets.alone_bytes(2.5, 2, gloo=True, link_gbit=0.96) == round(2.5 * MIB)
+
+
 @pytest.mark.parametrize("count,each,size", [(50, 3, 10), (7, 4, 4), (12, 1, 5)])
 def test_equal_tensors_fill_buckets_of_ceil_size_over_each(count, each, size):
     per_bucket = -(-size // each)
@@ -131,6 +176,35 @@ def test_the_optimizer_takes_the_buckets_of_its_controller_and_link_but_one_when
     values = [tf.zeros([MIB // 4]) for _ in range(3)]  # 1 MiB of float32 each
 
     with caplog.at_level("INFO", logger="hvd_train"):
-        assert len(optimizer.bucket_layout(values, None)) == buckets_expected
+        # None alone: the bucket size alone decides.
+        assert len(optimizer.bucket_layout(values, None, 0)) == buckets_expected
     assert f"gradient buckets: {buckets_expected}, " in caplog.text
+    assert ", none alone (3.0 MiB of gradients; " in caplog.text
     assert f"(3.0 MiB of gradients; {controller}, link {said})" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("controller", "hosts", "link", "expected"),
+    [("mpi", 1, None, 3), ("gloo", 1, None, 1), ("mpi", 2, 9.56, 3), ("mpi", 2, 0.96, 1)],
+)
+def test_the_optimizer_sends_large_gradients_alone_under_open_mpi(
+    monkeypatch, caplog, controller, hosts, link, expected
+):
+    import tensorflow as tf
+
+    from hvd_train import comm
+    from hvd_train.keras import optimizer
+
+    # One bucket asked for; under Open MPI the 1 MiB tensors go alone all the same, on one host
+    # and across a fast link.
+    found = [("cross_size", hosts), ("spare_cpu", True), ("oversubscribed", False), ("rank", 0)]
+    for name, value in [*found, ("link_gbit", link), ("link_gbit_from", None)]:
+        monkeypatch.setattr(comm, name, lambda value=value: value)
+    monkeypatch.setattr(comm, "controller", lambda: controller)
+    values = [tf.zeros([MIB // 4]) for _ in range(3)]
+
+    with caplog.at_level("INFO", logger="hvd_train"):
+        assert len(optimizer.bucket_layout(values, 0)) == expected
+        assert len(optimizer.bucket_layout(values, 0, 2)) == 1  # the user's threshold
+    said = "alone from 1 MiB" if expected > 1 else "none alone"
+    assert f"gradient buckets: {expected}, one group, {said} (" in caplog.text

@@ -257,7 +257,7 @@ BAD_YAML = [
     ),
     (
         "optimizer: {lr_rul: sqrt}\n",
-        "optimizer.lr_rul: unknown key (known: backward_passes_per_step",
+        "optimizer.lr_rul: unknown key (known: alone_mb, backward_passes_per_step",
     ),
     ("[1, 2]\n", "the top level must be a mapping of sections, got [1, 2]"),
     ("just text\n", "the top level must be a mapping of sections, got 'just text'"),
@@ -450,7 +450,10 @@ def test_bad_yaml_is_a_one_line_error_naming_key_and_value(tmp_path, text, messa
 
 # Bad overrides: (--set strings, the one-line message they must produce).
 BAD_OVERRIDES = [
-    (["optimizer.lr_rul=sqrt"], "optimizer.lr_rul: unknown key (known: backward_passes_per_step"),
+    (
+        ["optimizer.lr_rul=sqrt"],
+        "optimizer.lr_rul: unknown key (known: alone_mb, backward_passes_per_step",
+    ),
     (
         ["trian.epochs=3"],
         "trian: unknown key (known: checkpoint, data, elastic, fault, logging, model,",
@@ -479,6 +482,8 @@ BAD_OVERRIDES = [
     (["train.step_ms=0"], "train.step_ms: must be > 0 or null, got 0.0"),
     (["optimizer.bucket_mb=-1"], "optimizer.bucket_mb: must be >= 0 or null, got -1.0"),
     (["optimizer.bucket_mb=big"], "optimizer.bucket_mb: expected a number or null, got 'big'"),
+    (["optimizer.alone_mb=-0.5"], "optimizer.alone_mb: must be >= 0 or null, got -0.5"),
+    (["optimizer.alone_mb=all"], "optimizer.alone_mb: expected a number or null, got 'all'"),
     (["checkpoint.every_steps=-1"], "checkpoint.every_steps: must be >= 0, got -1"),
     (["fault.stall_floor_s=0"], "fault.stall_floor_s: must be > 0, got 0.0"),
     (["fault.stall_factor=0.5"], "fault.stall_factor: must be >= 1, got 0.5"),
