@@ -30,6 +30,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hvd_train.core import launch, processes
@@ -114,14 +115,30 @@ def measure(controller: str, workers: int, repeats: int, horovod: Path | None) -
     path = [str(horovod)] if horovod else []
     env = processes.child_env({"PYTHONPATH": os.pathsep.join([*path, str(REPO)])})
     done = processes.run(argv, env, TIMEOUT_S, cwd=REPO, capture="separate")
+    build = f"other ({horovod})" if horovod else "installed"
+    return rank_zero(done, workers, controller) | {"horovod": build}
+
+
+def rank_zero(done: processes.Finished, workers: int, controller: str) -> dict:
+    """Rank 0's JSON line of a finished job whose every rank printed one.
+
+    Raises:
+      RuntimeError: the job failed, or not every rank printed its line.
+    """
     # horovodrun prefixes each rank's lines with "[rank]<stdout>:"
     lines = [re.sub(r"^\[\d+\]<stdout>:", "", line) for line in (done.output or "").splitlines()]
-    lines = [line for line in lines if line[:1] == "{"]
-    ranks = [json.loads(line) for line in lines]
+    ranks = [json.loads(line) for line in lines if line[:1] == "{"]
     if not done.ok or len(ranks) != workers:
         raise RuntimeError(f"{controller} np={workers}: {(done.errors or '')[-2000:]}")
-    build = f"other ({horovod})" if horovod else "installed"
-    return next(r for r in ranks if r["rank"] == 0) | {"horovod": build}
+    return next(r for r in ranks if r["rank"] == 0)
+
+
+def save(result: dict, out: Path, name: str, figure: Callable[[dict, Path], None]) -> None:
+    """NAME.json and, drawn by `figure`, NAME.png into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    figure(result, out / f"{name}.png")
+    print(f"{name}: wrote {out / name}.json and .png", flush=True)
 
 
 def figure(result: dict, png: Path) -> None:
@@ -174,10 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
             rows.append(row)
     result = {"workers": options.np, "repeats": options.repeats, "rows": rows}
-    options.out.mkdir(parents=True, exist_ok=True)
-    (options.out / f"{options.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    figure(result, options.out / f"{options.name}.png")
-    print(f"{NAME}: wrote {options.out / options.name}.json and .png", flush=True)
+    save(result, options.out, options.name, figure)
     return 0
 
 

@@ -4,7 +4,7 @@
 # machine still widens their spread.
 # Usage: [VENV=.venv] [CLASSIC_VENV=.venv-classic] [NP=2] [REPEATS=5] benchmarks/run.sh
 #          {allreduce|scaling|plan|models|peers|overhead|cycle|controllers|stacks|network|
-#           large-batch|sharded-state|gloo-pairs|embedding-memory|embedding-network|all}
+#           large-batch|sharded-state|gloo-pairs|fusion-copies|embedding-memory|embedding-network|all}
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$REPO/.venv}
@@ -102,12 +102,17 @@ gloo_pairs() {
   # Collectives before and after a ReduceScatter, Gloo and MPI: docs/performance.md.
   run "$VENV/bin/python" -m benchmarks.gloo_pairs --np "$NP" --out "$OUT"
 }
+fusion_copies() {
+  # The gradients' allreduce with and without large tensors alone, both controllers: docs/performance.md.
+  run "$VENV/bin/python" -m benchmarks.fusion_copies --np "$NP" --out "$OUT"
+}
 
 case "${1:-}" in
   allreduce | scaling | plan | models | peers | overhead | cycle | controllers | stacks | network) "$1" ;;
   large-batch) large_batch ;;
   sharded-state) sharded_state ;;
   gloo-pairs) gloo_pairs ;;
+  fusion-copies) fusion_copies ;;
   embedding-memory) embedding_memory ;;
   embedding-network) embedding_network ;;
   all) allreduce; scaling; plan; models; overhead; peers; cycle; controllers; stacks ;;
