@@ -1,14 +1,16 @@
 """A step whose grouped allreduces hold more tensors than Horovod's default response cache (1024
-entries): 4 buckets of 300 tensors, 5 steps, with the knobs `hvd_train.init()` sets. For
-test_response_cache.py:
+entries): 4 buckets of 300 tensors, STEPS steps (the argument; 100 by default), with the knobs
+`hvd_train.init()` sets. For test_response_cache.py:
 
-    python -m hvd_train.core.launch --np 2 -- .venv/bin/python tests/integration/cache_groups.py
+    python -m hvd_train.core.launch --np 2 -- .venv/bin/python \
+        tests/integration/cache_groups.py [STEPS]
 
 Every rank checks the sums against their closed form; rank 0 prints "groups ok" and Horovod's
 cache capacity as the ranks ran with it.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -17,7 +19,8 @@ import tensorflow as tf
 
 from hvd_train import comm
 
-GROUPS, PER_GROUP, STEPS = 4, 300, 5
+GROUPS, PER_GROUP = 4, 300
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 
 comm.init(threads=1)
 rank, size = comm.rank(), comm.size()
