@@ -146,7 +146,8 @@ class OptimizerConfig:
         hosts, the controller and the link's rate (`hvd_train.core.buckets`).
       alone_mb: a gradient of at least this many MiB is a bucket of its own, which Horovod
         reduces in place instead of copying it into its fusion buffer and out; 0: none alone;
-        null: derived from the controller (1 MiB under Open MPI, none under Gloo).
+        null: derived (1 MiB under Open MPI on one host or across links of 2 Gbit/s or more,
+        none otherwise: `hvd_train.core.buckets.alone_bytes`).
       reduction: how each bucket is reduced across hosts: "flat" (one allreduce over all ranks),
         "two_level" (within each host, then across hosts among the ranks of equal local rank,
         then within each host: each host sends a bucket's bytes once each way; for slow links,

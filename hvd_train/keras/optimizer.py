@@ -367,7 +367,8 @@ def DistributedOptimizer(
         (`core.buckets.bucket_bytes`).
       alone_mb: a gradient of at least this many MiB is a bucket of its own, which Horovod
         reduces in place instead of copying it into its fusion buffer and out; 0: none alone;
-        None (default): derived from the controller (`core.buckets.alone_bytes`).
+        None (default): derived from the controller, the hosts and the link's rate
+        (`core.buckets.alone_bytes`).
       reduction: how each bucket is reduced: "flat" (one ring over all ranks), "two_level"
         (within each host, across hosts, within each host again: `comm.reduction`), or "auto"
         (the topology's rule, `comm.resolve_reduction`; HVD_TRAIN_REDUCTION overrides it). Choosing
