@@ -304,8 +304,10 @@ def test_a_plain_mpirun_job_measures_the_link_at_start(cluster: Cluster):
     # TCP's goodput through a 1 Gbit/s token bucket, as --launcher auto reads it (0.96).
     rate = run["link_gbit"]
     assert 0.8 < rate <= 1.0, rate
-    # Under Open MPI below MPI_SMALL_BUCKETS_FROM_GBIT: one group.
-    line = re.search(r"gradient buckets: 1, one group \(.*; mpi, link (.*)\)$", job.output, re.M)
+    # Under Open MPI below MPI_SMALL_BUCKETS_FROM_GBIT: one group; below MPI_ALONE_FROM_GBIT no
+    # gradient goes alone.
+    found = r"gradient buckets: 1, one group, none alone \(.*; mpi, link (.*)\)$"
+    line = re.search(found, job.output, re.M)
     assert line and line[1] == f"{rate:g} Gbit/s, {probed}", job.tail()
 
 
