@@ -65,12 +65,13 @@ cluster_stage tests/cluster tests/cluster/test_cluster.py tests/cluster/test_sel
 cluster_stage tests/cluster-jobs tests/cluster/test_jobs_across_hosts.py
 cluster_stage tests/cluster-slurm tests/cluster/test_slurm.py
 cluster_stage tests/cluster-faults tests/cluster/test_faults_hosts.py
-cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
-cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py \
-  tests/cluster/test_model_groups_hosts.py
-# The network benchmark's quick mode brings up its own 2-host cluster, so it needs the sshd above;
-# about 100 s, in `make test-full` only (CI's 90 minutes).
+# Elastic training and two-level reduction across hosts (about 7 min each on 2 cores) and the
+# network benchmark's quick mode (its own 2-host cluster, so it needs the sshd above): in
+# `make test-full` only (CI's 90 minutes).
 if [ "${HVD_TRAIN_FULL:-}" = 1 ]; then
+  cluster_stage tests/cluster-elastic tests/cluster/test_elastic_hosts.py
+  cluster_stage tests/cluster-reduction tests/cluster/test_two_level_hosts.py \
+    tests/cluster/test_model_groups_hosts.py
   cluster_stage tests/network-bench tests/integration/test_network_bench.py
 fi
 # The image built and run (podman, buildah, runc; a base image from Debian's packages where no

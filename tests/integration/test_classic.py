@@ -15,7 +15,7 @@ import os
 import numpy as np
 import parallel_report
 import pytest
-from jobs import PYTHON, REPO, result_of, run
+from jobs import FULL, PYTHON, REPO, result_of, run
 
 from hvd_train.core import launch
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 
 # np=3 (about 135 s) in `make test-full` only: CI's 90 minutes.
-CLASSIC_NPS = [2, 3] if os.environ.get("HVD_TRAIN_FULL") == "1" else [2]
+CLASSIC_NPS = [2, 3] if FULL else [2]
 
 
 @pytest.mark.parametrize("np_", CLASSIC_NPS, ids=[f"mpirun-np{n}" for n in CLASSIC_NPS])
