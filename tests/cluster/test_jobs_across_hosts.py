@@ -60,6 +60,7 @@ def test_equivalence_suite_across_hosts(cluster: Cluster, name: str, launcher: l
 LARGER = ["tests/parallel/test_sharded_state.py", "tests/parallel/test_sharded_embedding.py"]
 
 
+@jobs.FULL_ONLY  # about 170 s: CI's 90 minutes
 def test_larger_model_suites_at_2_hosts_x_2(cluster: Cluster):
     _suite_across_hosts(cluster, "larger-2x2", [*LAUNCH, "--hosts", "h1:2,h2:2"], 4, LARGER)
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from hvd_train.core import processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +32,7 @@ TAG_NAME = "HVD_TRAIN_TEST_TAG"
 # `make test-full` (HVD_TRAIN_FULL=1): what CI's 90 minutes leave out, mostly the same check under
 # further launchers, placements and faults (docs/testing.md lists them).
 FULL = os.environ.get("HVD_TRAIN_FULL") == "1"
+FULL_ONLY = pytest.mark.skipif(not FULL, reason="make test-full only (HVD_TRAIN_FULL=1)")
 
 
 @dataclass

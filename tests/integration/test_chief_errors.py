@@ -21,7 +21,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from jobs import FULL, PYTHON, REPO, run
+from jobs import FULL, FULL_ONLY, PYTHON, REPO, run
 
 from hvd_train.core import checkpoint, faults, inject, launch
 from hvd_train.core.outcome import EXIT_WRITE_FAILED
@@ -208,7 +208,14 @@ FAST_WATCHDOG = ["--set", "fault.stall_floor_s=2", "--set", "fault.heartbeat_s=0
 DELAY_S = 6
 
 
-@pytest.mark.parametrize("section", ["run_record", "checkpoint", "metrics.json", "metrics.png"])
+# The checkpoint in CI; the other sections in `make test-full` (CI's 90 minutes).
+@pytest.mark.parametrize(
+    "section",
+    [
+        "checkpoint",
+        *(pytest.param(s, marks=FULL_ONLY) for s in ["run_record", "metrics.json", "metrics.png"]),
+    ],
+)
 def test_a_slow_write_of_rank_0_is_waited_for_not_a_stall(tmp_path, section):
     """A slow file server: each write of `section` takes DELAY_S longer on rank 0 while the other
     rank waits in its next collective. The job finishes; the unwatched control below shows the

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from jobs import PYTHON, REPO, rank_pid, result_of, run, wait_for
+from jobs import FULL_ONLY, PYTHON, REPO, rank_pid, result_of, run, wait_for
 
 from hvd_train.core import checkpoint, launch
 from hvd_train.core.outcome import EXIT_PREEMPTED, EXIT_RANK_FAILED
@@ -119,7 +119,8 @@ def test_sigterm_to_one_rank_stops_all_at_one_step_and_resumes_bit_exact(tmp_pat
     same_state(straight / "checkpoints/epoch-0002", run_dir / "checkpoints/epoch-0002")
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+# horovodrun (Gloo) in `make test-full`: CI's 90 minutes.
+@pytest.mark.parametrize("launcher", ["mpirun", pytest.param("horovodrun", marks=FULL_ONLY)])
 def test_sigterm_to_the_launcher_checkpoints_and_exits_75(tmp_path, launcher):
     run_dir = tmp_path / "run"
     job = launch_train(launcher, run_dir, during=signal_launcher(run_dir, signal.SIGTERM))
@@ -167,7 +168,8 @@ def test_sigkill_under_gloo_names_the_lost_rank(tmp_path):
     print(f"SIGKILL under Gloo: job ended {took:.1f}s after the kill: {line}")
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+# horovodrun (Gloo) in `make test-full`: CI's 90 minutes.
+@pytest.mark.parametrize("launcher", ["mpirun", pytest.param("horovodrun", marks=FULL_ONLY)])
 def test_frozen_rank_is_named_and_the_job_aborts(tmp_path, launcher):
     run_dir = tmp_path / "run"
     fast = ["--set", "fault.stall_floor_s=4", "--set", "fault.heartbeat_s=0.5"]

@@ -8,14 +8,15 @@ import re
 import subprocess
 
 import pytest
-from jobs import PYTHON, run
+from jobs import FULL_ONLY, PYTHON, run
 
 from hvd_train.core import launch
 
 SELFTEST = [PYTHON, "-m", "hvd_train.cli", "selftest"]
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+# horovodrun (Gloo) in `make test-full`: CI's 90 minutes.
+@pytest.mark.parametrize("launcher", ["mpirun", pytest.param("horovodrun", marks=FULL_ONLY)])
 def test_a_healthy_job_on_one_host(tmp_path, launcher):
     report = tmp_path / "selftest.json"
     argv = [PYTHON, "-m", "hvd_train.cli", "launch", "--np", "2", "--launcher", launcher]
@@ -42,6 +43,7 @@ def test_a_healthy_job_on_one_host(tmp_path, launcher):
     assert any(x.startswith("allreduce of 33.6 MB on 2 rank(s): ") for x in lines), job.tail()
 
 
+@FULL_ONLY  # about 85 s: CI's 90 minutes
 def test_a_rank_slowed_by_a_busy_core_is_named(tmp_path):
     """Each rank bound to its own core, and rank 1's core kept busy by other processes: rank 1 is
     named, past the default --max-skew of 25%."""

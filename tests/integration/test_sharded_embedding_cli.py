@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
-from jobs import PYTHON, REPO, result_of, run, saved, train_job
+from jobs import FULL_ONLY, PYTHON, REPO, result_of, run, saved, train_job
 from test_bad_input import assert_one_error, hvd_train
 
 from hvd_train.core import checkpoint
@@ -96,6 +96,7 @@ def resume_at_3(run_dir, source, *extra):
     return saved(run_dir, 1), result
 
 
+@FULL_ONLY  # CI's 90 minutes: test_sharded_state_cli resumes at another worker count
 def test_a_split_checkpoint_resumes_at_another_worker_count(runs, tmp_path):
     """2 -> 3 workers, each taking its rows (3 does not divide 5,000); the result equals the
     data-parallel model (Keras's Embedding, whole on every rank) resumed at 3 from the same
@@ -163,6 +164,7 @@ def test_shard_state_with_a_split_table_is_refused(tmp_path):
     assert_one_error(hvd_train(args, tf_allowed=True), expected)
 
 
+@FULL_ONLY  # CI's 90 minutes: tests/parallel checks model groups (at np=2: groups of one)
 def test_model_groups_of_two_at_four_workers_equal_the_table_split_over_two(runs, tmp_path):
     """parallel.model_group_size=2 at 4 workers: two groups, each holding the table split over
     its 2 ranks, data parallel across the groups; after the same 10 steps on the same global
