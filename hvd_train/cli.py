@@ -117,17 +117,25 @@ def cmd_train(argv: Sequence[str]) -> int:
             config, Path(config.run_dir), argv=["hvd-train", "train", *argv]
         )
     else:
-        from hvd_train.training import fit as train
+        # Before TensorFlow loads (seconds): a stop signal that comes meanwhile (SLURM may send
+        # its warning up to a minute early) stops the job after its first step instead of
+        # killing this rank.
+        stop = faults.StopRequest(config.fault.stop_signals)
+        try:
+            from hvd_train.training import fit as train
 
-        result = train.train_and_evaluate(
-            config,
-            Path(config.run_dir),
-            resume=args.resume,
-            overwrite=args.overwrite,
-            prepared=alone,
-            stop_after_epochs=args.stop_after_epochs,
-            argv=["hvd-train", "train", *argv],
-        )
+            result = train.train_and_evaluate(
+                config,
+                Path(config.run_dir),
+                resume=args.resume,
+                overwrite=args.overwrite,
+                prepared=alone,
+                stop_after_epochs=args.stop_after_epochs,
+                argv=["hvd-train", "train", *argv],
+                stop=stop,
+            )
+        finally:
+            stop.close()
     from hvd_train import comm
 
     if comm.is_chief():

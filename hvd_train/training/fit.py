@@ -40,6 +40,7 @@ def train_and_evaluate(
     prepared: bool = False,
     stop_after_epochs: int | None = None,
     argv: list[str] | None = None,
+    stop: faults.StopRequest | None = None,
 ) -> Result:
     """Train `config` on all ranks of this job; rank 0 writes checkpoints and metrics to run_dir.
 
@@ -55,6 +56,8 @@ def train_and_evaluate(
       stop_after_epochs: train at most this many epochs in this launch (the schedule still spans
         config.train.epochs), checkpoint, and return; resume later.
       argv: the command line, saved with the run.
+      stop: the stop signals' handler, where the caller installed it before TensorFlow loaded
+        (`hvd-train train`); None: installed here, and removed on return.
 
     Returns:
       The run's history and final (global) metrics.
@@ -65,7 +68,8 @@ def train_and_evaluate(
     """
     started = time.monotonic()
     # First: a signal from now on stops the job at an agreed step instead of killing this rank.
-    stop = faults.StopRequest(config.fault.stop_signals)
+    owned = stop is None
+    stop = faults.StopRequest(config.fault.stop_signals) if stop is None else stop
     watchdog = None
     try:
         comm.init(step_ms=config.train.step_ms, model_group_size=config.parallel.model_group_size)
@@ -80,7 +84,8 @@ def train_and_evaluate(
             config, run_dir, resume, stop_after_epochs, argv or [], started, stop, watchdog, hosts
         )
     finally:
-        stop.close()
+        if owned:
+            stop.close()
         if watchdog is not None:
             watchdog.close()
 

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,6 +134,40 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_75(tmp_path, launcher):
     assert (run_dir / "checkpoints").joinpath(status["checkpoint"]).is_dir()
     all_verify(run_dir)
     print(f"{launcher}: stopped at epoch {status['epoch']} step {status['step']}")
+
+
+def catches(pid, signum) -> bool:
+    """Whether process `pid` has a handler of its own for `signum` (SigCgt in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M)[1], 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+def test_a_stop_signal_while_tensorflow_loads_stops_after_the_first_step(tmp_path):
+    """SLURM may send its warning up to a minute early, so also while the ranks start. Once
+    TensorFlow's library is mapped into rank 1 (its import has begun, seconds before it ends),
+    rank 1 already takes USR1 as a stop request, so the job stops after its first step with a
+    checkpoint (the negative control: before the CLI installed the handler ahead of TensorFlow,
+    it came seconds later, and USR1 in between ended the rank)."""
+    run_dir = tmp_path / "run"
+
+    def early(proc, tag):
+        pid = wait_for(lambda: rank_pid(tag, 1), 60, "rank 1's process")
+        mapped = lambda: "libtensorflow" in Path(f"/proc/{pid}/maps").read_text()  # noqa: E731
+        wait_for(mapped, 60, "TensorFlow's library in rank 1")
+        caught = catches(pid, signal.SIGUSR1)
+        if caught:
+            os.kill(pid, signal.SIGUSR1)
+        return caught
+
+    job = launch_train("mpirun", run_dir, during=early)
+
+    assert job.during is True, "rank 1 had no USR1 handler while TensorFlow loaded"
+    assert job.returncode == EXIT_PREEMPTED, job.tail()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "preempted" and status["signals"] == "SIGUSR1 on rank 1", status
+    assert (status["epoch"], status["step"]) == (1, 1), status
+    all_verify(run_dir)
 
 
 def test_sigkill_of_one_rank_ends_the_job_and_resume_is_bit_exact(tmp_path, straight):
