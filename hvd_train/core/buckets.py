@@ -50,7 +50,8 @@ BUCKETS_ACROSS_HOSTS = 4
 GLOO_ONE_BUCKET_FROM_GBIT = 4.0
 MPI_SMALL_BUCKETS_FROM_GBIT = 6.0
 # Gbit/s of TCP between hosts from which Open MPI sends the large gradients alone (below it each
-# further collective costs more than the copies it saves: docs/performance.md).
+# further collective cost more than the copies it saves, on links with a 50 ms queue; with a
+# 2 ms queue it did not: docs/network.md, "The cost of further collectives at 1 Gbit/s").
 MPI_ALONE_FROM_GBIT = 2.0
 
 
