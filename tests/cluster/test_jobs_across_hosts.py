@@ -35,21 +35,23 @@ SUITE_LAUNCHES = [
         [*ON_H1, *LAUNCH, "--hosts", "h1:1,h2:1", "--launcher", "horovodrun"],
         2,
     ),
+    ("mpirun-uneven", [*LAUNCH, "--hosts", "h1:2,h2:1"], 3),
+    (
+        "horovodrun-mpi-2x1",
+        [*ON_H1, *LAUNCH, "--hosts", "h1:1,h2:1", "--launcher", "horovodrun-mpi"],
+        2,
+    ),
 ]
-if jobs.FULL:
-    # CI's 90 minutes: the uneven placement and horovodrun's MPI controller in `make test-full`.
-    SUITE_LAUNCHES += [
-        ("mpirun-uneven", [*LAUNCH, "--hosts", "h1:2,h2:1"], 3),
-        (
-            "horovodrun-mpi-2x1",
-            [*ON_H1, *LAUNCH, "--hosts", "h1:1,h2:1", "--launcher", "horovodrun-mpi"],
-            2,
-        ),
-    ]
+# CI's 90 minutes: the uneven placement and horovodrun's MPI controller in `make test-full`.
+FULL_ONLY_LAUNCHES = {"mpirun-uneven", "horovodrun-mpi-2x1"}
 
 
 @pytest.mark.parametrize(
-    ("name", "launcher", "ranks"), SUITE_LAUNCHES, ids=[s[0] for s in SUITE_LAUNCHES]
+    ("name", "launcher", "ranks"),
+    [
+        pytest.param(*s, id=s[0], marks=jobs.FULL_ONLY if s[0] in FULL_ONLY_LAUNCHES else ())
+        for s in SUITE_LAUNCHES
+    ],
 )
 def test_equivalence_suite_across_hosts(cluster: Cluster, name: str, launcher: list, ranks: int):
     _suite_across_hosts(cluster, name, launcher, ranks, [SUITE])

@@ -322,7 +322,7 @@ def test_time_limit_signal_stops_checkpoints_requeues_and_resumes(slurm: Cluster
 
 # The same stop, checkpoint and requeue as the time limit's, by hand: `make test-full` (CI's 90
 # minutes).
-@pytest.mark.skipif(not jobs.FULL, reason="make test-full only (HVD_TRAIN_FULL=1)")
+@jobs.FULL_ONLY
 def test_scancel_usr1_to_the_batch_shell_stops_checkpoints_requeues_and_resumes(slurm: Cluster):
     args = ["--set", "train.epochs=3", *FEW_EPOCHS, *SMALL_BATCHES]
     with submitted(slurm, "scancel-usr1", NODES, args) as run:

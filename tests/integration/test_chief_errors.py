@@ -21,7 +21,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from jobs import FULL, FULL_ONLY, PYTHON, REPO, run
+from jobs import FULL_ONLY, PYTHON, REPO, run
 
 from hvd_train.core import checkpoint, faults, inject, launch
 from hvd_train.core.outcome import EXIT_WRITE_FAILED
@@ -110,7 +110,7 @@ def failed_cleanly(launcher, run_dir, fail_in):
     # mpirun's checkpoint:2 is the resume test's; horovodrun (Gloo) in `make test-full`: CI's 90
     # minutes.
     [("mpirun", section) for section in CASES if section != "checkpoint:2"]
-    + ([("horovodrun", "checkpoint:2"), ("horovodrun", "tensorboard")] if FULL else []),
+    + [pytest.param("horovodrun", s, marks=FULL_ONLY) for s in ("checkpoint:2", "tensorboard")],
 )
 def test_a_failed_write_ends_the_job_on_every_rank_naming_the_file(tmp_path, launcher, fail_in):
     failed_cleanly(launcher, tmp_path / "run", fail_in)

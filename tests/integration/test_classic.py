@@ -15,7 +15,7 @@ import os
 import numpy as np
 import parallel_report
 import pytest
-from jobs import FULL, PYTHON, REPO, result_of, run
+from jobs import FULL_ONLY, PYTHON, REPO, result_of, run
 
 from hvd_train.core import launch
 
@@ -31,10 +31,10 @@ pytestmark = pytest.mark.skipif(
 
 
 # np=3 (about 135 s) in `make test-full` only: CI's 90 minutes.
-CLASSIC_NPS = [2, 3] if FULL else [2]
-
-
-@pytest.mark.parametrize("np_", CLASSIC_NPS, ids=[f"mpirun-np{n}" for n in CLASSIC_NPS])
+@pytest.mark.parametrize(
+    "np_",
+    [pytest.param(2, id="mpirun-np2"), pytest.param(3, id="mpirun-np3", marks=FULL_ONLY)],
+)
 def test_parallel_suite_on_classic(np_, tmp_path):
     command = [CLASSIC_PYTHON, "-m", "pytest", "tests/parallel", "-q", "-p", "no:cacheprovider"]
     job = run(

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobs import FULL, REPO, run
+from jobs import FULL_ONLY, REPO, run
 
 SCRIPT = REPO / "mpi_scripts" / "check_nccl_build.sh"
 SUMMARY = re.compile(
@@ -39,7 +39,7 @@ def find_nvcc() -> str | None:
 
 
 # About 125 s on two cores: in `make test-full` only (CI's 90 minutes); `make nccl-check` runs it.
-pytestmark = pytest.mark.skipif(not FULL, reason="make test-full only (HVD_TRAIN_FULL=1)")
+pytestmark = FULL_ONLY
 
 
 @pytest.fixture(scope="module")

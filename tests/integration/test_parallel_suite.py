@@ -10,19 +10,21 @@ skipped as parallel_report.EXPECTED_SKIPS says (parallel_report.py).
 
 import parallel_report
 import pytest
-from jobs import FULL, PYTHON, run
+from jobs import FULL_ONLY, PYTHON, run
 
 from hvd_train.core import launch
 
-LAUNCHES = [("mpirun", 2)]
-if FULL:
-    # CI's 90 minutes: the Gloo controller's suite runs across hosts in tests/cluster-jobs; here
-    # np=1, np=3 and horovodrun (about 470 s together on 2 cores) in `make test-full`.
-    LAUNCHES += [("horovodrun", 2), ("mpirun", 1), ("mpirun", 3), ("horovodrun", 3)]
+# CI's 90 minutes: the Gloo controller's suite runs across hosts in tests/cluster-jobs; here
+# np=1, np=3 and horovodrun (about 470 s together on 2 cores) in `make test-full`.
+LAUNCHES = [("mpirun", 2), ("horovodrun", 2), ("mpirun", 1), ("mpirun", 3), ("horovodrun", 3)]
 
 
 @pytest.mark.parametrize(
-    ("launcher", "np"), LAUNCHES, ids=[f"{name}-np{n}" for name, n in LAUNCHES]
+    ("launcher", "np"),
+    [
+        pytest.param(name, n, id=f"{name}-np{n}", marks=() if i == 0 else FULL_ONLY)
+        for i, (name, n) in enumerate(LAUNCHES)
+    ],
 )
 def test_parallel_suite(launcher, np, tmp_path):
     command = [PYTHON, "-m", "pytest", "tests/parallel", "-q", "-p", "no:cacheprovider"]

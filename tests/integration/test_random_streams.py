@@ -6,7 +6,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from jobs import FULL, PYTHON, REPO, run
+from jobs import FULL_ONLY, PYTHON, REPO, run
 
 CONFIG = str(REPO / "configs" / "digits.yaml")
 SEED = 7
@@ -98,7 +98,7 @@ for rank in range(int(sys.argv[2])):
 
 
 # horovodrun (Gloo) in `make test-full`: CI's 90 minutes.
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"] if FULL else ["mpirun"])
+@pytest.mark.parametrize("launcher", ["mpirun", pytest.param("horovodrun", marks=FULL_ONLY)])
 def test_ranks_seeded_alike_draw_their_own_masks_through_the_cli(tmp_path, launcher):
     model_file = tmp_path / "probe_model.py"
     model_file.write_text(PROBE_MODEL)
